@@ -1,0 +1,1 @@
+"""Reward density vs LoRA rank: the library behind the study's notebooks."""

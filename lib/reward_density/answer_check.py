@@ -1,0 +1,169 @@
+"""Answer checking with math-verify in a worker process, each item bounded by a timeout."""
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import threading
+from collections.abc import Sequence
+from enum import Enum
+
+# Start-up imports sympy and math-verify's grammars; it is not charged to any item.
+_STARTUP_SECONDS = 120.0
+_GOLD_CACHE_SIZE = 4096
+
+
+class Verdict(str, Enum):
+    """Outcome of checking one completion against its gold answer."""
+
+    CORRECT = "correct"
+    WRONG = "wrong"
+    UNPARSABLE = "unparsable"  # no answer could be extracted from the completion
+    TIMEOUT = "timeout"
+
+
+def wrap_gold(gold: str) -> str:
+    """Wrap a gold answer in \\boxed{} unless it already has one (math-verify's LaTeX parser needs it)."""
+    return gold if "\\boxed" in gold else f"\\boxed{{{gold}}}"
+
+
+def has_boxed_answer(text: str) -> bool:
+    """Whether the text contains a \\boxed{ answer."""
+    return "\\boxed{" in text
+
+
+def _worker_main(conn) -> None:
+    """Worker loop: one reply per entry, a bool per gold of ("golds", ...), a verdict per pair of ("items", ...)."""
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # silences "timeout is disabled" warnings
+    from math_verify import parse, verify
+
+    def parse_gold(gold: str) -> list:
+        if gold not in golds:
+            if len(golds) >= _GOLD_CACHE_SIZE:
+                golds.clear()
+            try:
+                golds[gold] = parse(wrap_gold(gold), parsing_timeout=None)
+            except Exception:
+                golds[gold] = []
+        return golds[gold]
+
+    def check(gold: str, completion: str) -> str:
+        try:
+            answer = parse(completion, parsing_timeout=None, raise_on_error=True)
+            if not answer:
+                return Verdict.UNPARSABLE.value
+            # verify keeps raise_on_error=False: it tries every (gold, answer) pair and an error in
+            # one pair must not hide a match in another.
+            ok = verify(parse_gold(gold), answer, timeout_seconds=None)
+            return (Verdict.CORRECT if ok else Verdict.WRONG).value
+        except Exception:
+            return Verdict.UNPARSABLE.value
+
+    golds: dict[str, list] = {}
+    check("1", "\\boxed{1}")  # warm up lazy imports so the first timed item is not charged for them
+    conn.send("ready")
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        kind, payload = message
+        for entry in payload:
+            conn.send(bool(parse_gold(entry)) if kind == "golds" else check(*entry))
+
+
+class AnswerChecker:
+    """Checks completions against gold answers with math-verify, in one persistent worker process.
+
+    The worker is spawned, so a script using this needs the `if __name__ == "__main__":` guard.
+    """
+
+    def __init__(self, timeout_seconds: float = 5.0) -> None:
+        self.timeout_seconds = timeout_seconds
+        self._lock = threading.Lock()  # one batch at a time on the worker's pipe
+        self._process = None
+        self._conn = None
+
+    def check(self, golds: Sequence[str], completions: Sequence[str]) -> list[Verdict]:
+        """Verdict for each (gold, completion) pair; raises ValueError if a gold does not parse."""
+        if len(golds) != len(completions):
+            raise ValueError(f"{len(golds)} golds but {len(completions)} completions")
+        golds, completions = list(golds), list(completions)
+        with self._lock:
+            self._check_golds(list(dict.fromkeys(golds)))
+            items = list(zip(golds, completions))
+            verdicts: list[Verdict] = []
+            while len(verdicts) < len(items):
+                replies, failure = self._request("items", items[len(verdicts):])
+                verdicts += [Verdict(reply) for reply in replies]
+                if failure is not None:  # the worker was lost on the next item; resume after it
+                    verdicts.append(failure)
+            return verdicts
+
+    def close(self) -> None:
+        """Stop the worker (a later check starts a new one)."""
+        with self._lock:
+            self._kill()  # the worker holds no state worth a graceful exit
+
+    def __enter__(self) -> AnswerChecker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_golds(self, golds: list[str]) -> None:
+        # Before any completion is checked, so a bad gold costs no finished work.
+        replies, failure = self._request("golds", golds)
+        if failure is not None:
+            raise ValueError(f"gold answer {golds[len(replies)]!r} hung or crashed the math-verify parser")
+        bad = [gold for gold, ok in zip(golds, replies) if not ok]
+        if bad:
+            raise ValueError(f"math-verify cannot parse these gold answers (a data bug, not a wrong answer): {bad!r}")
+
+    def _request(self, kind: str, payload: list) -> tuple[list, Verdict | None]:
+        """Send a batch; return the replies received and, if the worker hung or died on the next entry, how."""
+        conn = self._ensure_worker()
+        replies = []
+        try:
+            conn.send((kind, payload))
+            for _ in payload:
+                if not conn.poll(self.timeout_seconds):
+                    self._kill()
+                    return replies, Verdict.TIMEOUT
+                replies.append(conn.recv())
+        except (EOFError, OSError):  # the worker crashed (e.g. out of memory) on this entry
+            self._kill()
+            return replies, Verdict.UNPARSABLE
+        except BaseException:  # e.g. KeyboardInterrupt: unread replies must not reach the next call
+            self._kill()
+            raise
+        return replies, None
+
+    def _ensure_worker(self):
+        if self._process is not None and not self._process.is_alive():
+            self._kill()  # died while idle (e.g. killed by the OOM killer)
+        if self._process is None:
+            # spawn, not fork: the parent holds torch threads.
+            context = mp.get_context("spawn")
+            conn, child_conn = context.Pipe()
+            # daemon: multiprocessing terminates it at interpreter exit.
+            process = context.Process(target=_worker_main, args=(child_conn,), daemon=True, name="answer-check")
+            process.start()
+            child_conn.close()
+            self._process, self._conn = process, conn
+            try:
+                ready = conn.poll(_STARTUP_SECONDS) and conn.recv() == "ready"
+            except (EOFError, OSError):
+                ready = False
+            if not ready:
+                self._kill()
+                raise RuntimeError(
+                    "the math-verify worker did not start (a script needs the `if __name__ == \"__main__\":` guard)"
+                )
+        return self._conn
+
+    def _kill(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.join()
+            self._conn.close()
+        self._process = self._conn = None

@@ -1,0 +1,45 @@
+"""The three reward modules; each turns a Rollout into Deposits. The regime is chosen here, and only here."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..deposits import Deposits
+from ..rollout import Rollout
+
+REGIMES = ("outcome", "process", "distillation")
+RewardModule = Callable[[Rollout], Deposits]
+
+
+def check_regime(regime: str) -> str:
+    """The regime name, or a ValueError listing the known ones."""
+    if regime not in REGIMES:
+        raise ValueError(f"unknown regime {regime!r}; expected one of {REGIMES}")
+    return regime
+
+
+def build_reward(regime: str, **parts) -> RewardModule:
+    """The reward module of a regime from the parts it needs.
+
+    outcome: checker (an AnswerChecker); process: prm_model, prm_tokenizer, student_tokenizer
+    (optionally prm_max_length); distillation: teacher, temperature.
+    """
+    needs = {
+        "outcome": ("checker",),
+        "process": ("prm_model", "prm_tokenizer", "student_tokenizer"),
+        "distillation": ("teacher", "temperature"),
+    }[check_regime(regime)]
+    missing = [name for name in needs if parts.get(name) is None]
+    if missing:
+        raise ValueError(f"the {regime} reward needs {missing}")
+    if regime == "outcome":
+        from .outcome import OutcomeReward
+
+        return OutcomeReward(parts["checker"])
+    if regime == "process":
+        from .process import PRMScorer, ProcessReward
+
+        scorer = PRMScorer(parts["prm_model"], parts["prm_tokenizer"], max_length=parts.get("prm_max_length"))
+        return ProcessReward(scorer, parts["student_tokenizer"])
+    from .distillation import DistillationReward
+
+    return DistillationReward(parts["teacher"], parts["temperature"])

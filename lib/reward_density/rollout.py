@@ -1,0 +1,34 @@
+"""What the sampler hands to the rewards and the loss: one batch of P prompts x G completions."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """P*G completions; rows g*G .. g*G+G-1 answer prompt g (the group).
+
+    prompt_ids/prompt_mask: [N, Tp], left-padded.
+    completion_ids/completion_mask: [N, T], right-padded; the mask includes the EOS token.
+    sampler_logps: [N, T] log-probs of the sampled tokens at the sampling temperature (0 on padding).
+    truncated: [N] bool, True where the completion hit the length cap without an EOS.
+    prompts/completions: decoded text (special tokens skipped), one entry per row.
+    answers: the gold answer of each row's problem (only the outcome reward reads it).
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    sampler_logps: torch.Tensor
+    truncated: torch.Tensor
+    group_size: int
+    prompts: list[str]
+    completions: list[str]
+    answers: list[str | None]
+
+    @property
+    def num_completions(self) -> int:
+        return self.completion_ids.shape[0]

@@ -1,0 +1,126 @@
+"""Batched, left-padded sampling with a KV cache: P prompts x G completions -> Rollout."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .logprobs import position_ids_from_mask
+from .problems import Problem
+from .rollout import Rollout
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How completions are drawn; temperature 0 means greedy decoding."""
+
+    max_new_tokens: int
+    temperature: float = 0.7
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0):
+            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+def special_token_ids(tokenizer) -> tuple[int, int]:
+    """(eos, pad) ids; a tokenizer without EOS cannot end a completion and is refused."""
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no EOS token")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return tokenizer.eos_token_id, pad
+
+
+@torch.no_grad()
+def sample_rollout(
+    model: torch.nn.Module,
+    tokenizer,
+    problems: Sequence[Problem],
+    group_size: int,
+    config: SamplingConfig,
+    seed: int,
+) -> Rollout:
+    """Draw group_size completions for each problem; rows g*G..g*G+G-1 answer problems[g]."""
+    eos, pad = special_token_ids(tokenizer)
+    device = next(model.parameters()).device
+    encoded = tokenizer([p.prompt for p in problems], padding=True, padding_side="left", return_tensors="pt")
+    prompt_ids = encoded["input_ids"].repeat_interleave(group_size, dim=0)
+    prompt_mask = encoded["attention_mask"].repeat_interleave(group_size, dim=0)
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    completion_ids, sampler_logps, finished = _decode(
+        model, prompt_ids.to(device), prompt_mask.to(device), config, eos, pad, generator
+    )
+    completion_mask = _completion_mask(completion_ids, eos)
+    completion_ids = completion_ids.masked_fill(~completion_mask, pad)
+    texts = tokenizer.batch_decode(
+        [ids[m].tolist() for ids, m in zip(completion_ids, completion_mask)], skip_special_tokens=True
+    )
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids.cpu(),
+        completion_mask=completion_mask.cpu(),
+        sampler_logps=(sampler_logps * completion_mask).cpu(),
+        truncated=(~finished).cpu(),
+        group_size=group_size,
+        prompts=[p.prompt for p in problems for _ in range(group_size)],
+        completions=texts,
+        answers=[p.answer for p in problems for _ in range(group_size)],
+    )
+
+
+def _decode(model, prompt_ids, prompt_mask, config, eos, pad, generator):
+    """The token loop: one cached forward per new token until every row has an EOS or the cap."""
+    attention_mask = prompt_mask.long()
+    positions = position_ids_from_mask(attention_mask)
+    out = model(input_ids=prompt_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True)
+    next_position = positions[:, -1:] + 1
+    finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
+    tokens, logps = [], []
+    for _ in range(config.max_new_tokens):
+        token, logp = _pick(out.logits[:, -1, :].float(), config, generator)
+        token = token.masked_fill(finished, pad)
+        tokens.append(token)
+        logps.append(logp)
+        finished = finished | (token == eos)
+        if finished.all():
+            break
+        attention_mask = torch.cat([attention_mask, (~finished).long().unsqueeze(1)], dim=1)
+        out = model(
+            input_ids=token.unsqueeze(1),
+            attention_mask=attention_mask,
+            position_ids=next_position,
+            past_key_values=out.past_key_values,
+            use_cache=True,
+        )
+        next_position = next_position + 1
+    return torch.stack(tokens, dim=1), torch.stack(logps, dim=1), finished
+
+
+def _pick(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator):
+    """Next token and its log-prob under logits / temperature (top-p only restricts the draw)."""
+    if config.temperature == 0:
+        token = logits.argmax(dim=-1)
+        return token, torch.log_softmax(logits, dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
+    logp_all = torch.log_softmax(logits / config.temperature, dim=-1)
+    probs = logp_all.exp()
+    if config.top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_probs.cumsum(-1) - sorted_probs > config.top_p  # the first token always stays
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return token, logp_all.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+
+
+def _completion_mask(completion_ids: torch.Tensor, eos: int) -> torch.Tensor:
+    """True up to and including the first EOS (everything, for a truncated row)."""
+    is_eos = completion_ids == eos
+    after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+    return ~after_eos

@@ -1,0 +1,117 @@
+"""The answer checker: math-verify in a worker process, each item bounded by a timeout."""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from reward_density.answer_check import AnswerChecker, Verdict, has_boxed_answer, wrap_gold
+
+# 9^(9^9) has ~370 million digits; sympy tries to evaluate it and runs for minutes.
+PATHOLOGICAL = r"\boxed{9^{9^{9}}}"
+
+
+@pytest.fixture(scope="module")
+def checker():
+    with AnswerChecker(timeout_seconds=5.0) as checker:
+        yield checker
+
+
+def test_wrap_gold_boxes_bare_answers_and_leaves_boxed_ones_alone():
+    assert wrap_gold("18") == r"\boxed{18}", "a bare gold was not wrapped in \\boxed{}"
+    assert wrap_gold(r"2\sqrt{113}") == r"\boxed{2\sqrt{113}}", "a LaTeX gold was not wrapped in \\boxed{}"
+    assert wrap_gold(r"$\boxed{7}$") == r"$\boxed{7}$", "a gold that already has \\boxed was wrapped again"
+
+
+def test_has_boxed_answer_sees_only_a_boxed_answer():
+    assert has_boxed_answer(r"so the answer is \boxed{18}."), "a \\boxed{} answer was not seen"
+    assert not has_boxed_answer("so the answer is 18."), "an unboxed answer was taken for a boxed one"
+
+
+def test_unwrapped_latex_gold_misparses_which_is_why_golds_are_wrapped():
+    from math_verify import parse
+
+    parsed = parse(r"2\sqrt{113}", parsing_timeout=None)
+    assert [str(p) for p in parsed] == ["2", "2"], (
+        f"math-verify now parses an unwrapped 2\\sqrt{{113}} as {parsed}; wrap_gold may no longer be needed"
+    )
+
+
+def test_boxed_irrational_answer_verifies_and_a_prefix_of_it_does_not(checker):
+    gold = r"2\sqrt{113}"
+    completions = [r"The length is \boxed{2\sqrt{113}}.", r"\boxed{\sqrt{452}}", r"\boxed{2}"]
+    verdicts = checker.check([gold] * 3, completions)
+    assert verdicts == [Verdict.CORRECT, Verdict.CORRECT, Verdict.WRONG], (
+        f"against gold {gold}: expected the exact and the equivalent answer correct and \\boxed{{2}} wrong, got {verdicts}"
+    )
+
+
+def test_bare_numeric_gold_verifies_once_wrapped(checker):
+    verdicts = checker.check(["18", "18"], [r"\boxed{18}", r"\boxed{17}"])
+    assert verdicts == [Verdict.CORRECT, Verdict.WRONG], f"bare gold 18 was not checked right: {verdicts}"
+
+
+def test_unparsable_completions_are_unparsable_not_wrong(checker):
+    completions = ["I don't know", "", r"\boxed{}", r"\boxed{17}"]
+    verdicts = checker.check(["18"] * 4, completions)
+    assert verdicts == [Verdict.UNPARSABLE] * 3 + [Verdict.WRONG], (
+        f"completions without an answer must be unparsable and a wrong answer wrong, got {verdicts}"
+    )
+
+
+def test_gold_that_does_not_parse_raises_naming_it_and_the_checker_stays_usable(checker):
+    with pytest.raises(ValueError, match=r"'\}'"):
+        checker.check(["18", "}"], [r"\boxed{18}", r"\boxed{18}"])
+    with pytest.raises(ValueError, match="cannot parse"):
+        checker.check([""], [r"\boxed{18}"])
+    assert checker.check(["18"], [r"\boxed{18}"]) == [Verdict.CORRECT], "the checker broke after a bad gold"
+
+
+def test_golds_and_completions_of_different_lengths_are_refused(checker):
+    with pytest.raises(ValueError, match="2 golds but 1 completions"):
+        checker.check(["1", "2"], [r"\boxed{1}"])
+
+
+def test_pathological_answer_times_out_and_later_items_are_still_checked(checker, monkeypatch):
+    monkeypatch.setattr(checker, "timeout_seconds", 1.0)
+    completions = [r"\boxed{18}", PATHOLOGICAL, r"\boxed{18}", r"\boxed{17}", "no idea"]
+    start = time.monotonic()
+    verdicts = checker.check(["18"] * len(completions), completions)
+    elapsed = time.monotonic() - start
+    expected = [Verdict.CORRECT, Verdict.TIMEOUT, Verdict.CORRECT, Verdict.WRONG, Verdict.UNPARSABLE]
+    assert verdicts == expected, f"expected {expected} around a hanging item, got {verdicts}"
+    # 1 s for the hung item plus a worker restart (~1-2 s).
+    assert elapsed < 6.0, f"a 1 s timeout took {elapsed:.1f}s to return"
+
+
+def test_check_works_from_a_thread(checker):
+    result = {}
+
+    def run():
+        try:
+            result["verdicts"] = checker.check(["18", "5"], [r"\boxed{18}", r"\boxed{6}"])
+        except BaseException as error:  # noqa: BLE001 - surfaced by the assertion below
+            result["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=60)
+    assert "error" not in result, f"check raised off the main thread: {result.get('error')!r}"
+    assert result.get("verdicts") == [Verdict.CORRECT, Verdict.WRONG], f"wrong verdicts from a thread: {result}"
+
+
+def test_check_works_from_a_thread_pool_with_concurrent_calls(checker):
+    answers = [str(k) for k in range(8)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = [pool.submit(checker.check, [a], [rf"\boxed{{{a}}}"]) for a in answers]
+        results = [future.result(timeout=60) for future in futures]
+    assert results == [[Verdict.CORRECT]] * len(answers), f"concurrent calls from a pool got {results}"
+
+
+def test_closed_checker_restarts_its_worker_on_next_use():
+    with AnswerChecker(timeout_seconds=5.0) as checker:
+        assert checker.check(["1"], [r"\boxed{1}"]) == [Verdict.CORRECT], "fresh checker failed"
+        checker.close()
+        assert checker.check(["1"], [r"\boxed{1}"]) == [Verdict.CORRECT], "checker failed after close()"

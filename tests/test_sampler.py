@@ -1,0 +1,99 @@
+"""The sampler: left-padded batches, EOS-inclusive masks, truncation, log-probs that the learner reproduces."""
+import pytest
+import torch
+
+from reward_density.logprobs import completion_logprobs
+from reward_density.problems import Problem
+from reward_density.sampler import SamplingConfig, sample_rollout
+from tiny_models import build_qwen3
+
+PROBLEMS = [
+    Problem("a", "Problem: 3 + 4 = ?\n", "7"),
+    Problem("b", "Problem: 12 + 29 = ?\nStep 1:", "41"),
+    Problem("c", "7", "7"),
+]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_tokenizer):
+    """A tiny Qwen3 whose EOS logit is raised, so some completions end early and others hit the cap."""
+    model = build_qwen3(len(tiny_tokenizer), seed=3)
+    bias = torch.zeros(len(tiny_tokenizer))
+    bias[tiny_tokenizer.eos_token_id] = 3.5
+    model.lm_head.register_forward_hook(lambda module, inputs, output: output + bias)
+    return model
+
+
+def test_masks_include_eos_and_nothing_after_it(model, tiny_tokenizer):
+    rollout = sample_rollout(model, tiny_tokenizer, PROBLEMS, 4, SamplingConfig(max_new_tokens=12, temperature=1.0), seed=0)
+    eos, pad = tiny_tokenizer.eos_token_id, tiny_tokenizer.pad_token_id
+    assert rollout.truncated.any() and (~rollout.truncated).any(), "the test needs both ended and truncated rows"
+    for ids, mask, truncated in zip(rollout.completion_ids, rollout.completion_mask, rollout.truncated):
+        valid = ids[mask].tolist()
+        if truncated:
+            assert eos not in valid and mask.all(), "a truncated row must fill the cap without an EOS"
+        else:
+            assert valid[-1] == eos and eos not in valid[:-1], f"mask must end on the first EOS: {valid}"
+            assert torch.all(ids[~mask] == pad), "tokens after EOS must be padding"
+    assert torch.all(rollout.sampler_logps[~rollout.completion_mask] == 0)
+
+
+def test_rows_are_grouped_by_problem(model, tiny_tokenizer):
+    rollout = sample_rollout(model, tiny_tokenizer, PROBLEMS, 4, SamplingConfig(max_new_tokens=4), seed=0)
+    assert rollout.answers == [p.answer for p in PROBLEMS for _ in range(4)]
+    assert rollout.prompts[4:8] == [PROBLEMS[1].prompt] * 4
+    assert rollout.prompt_mask[0].sum() < rollout.prompt_mask[4].sum(), "prompts must be left-padded to one length"
+    assert rollout.prompt_mask[:, -1].all(), "left padding puts every prompt's last token in the last column"
+
+
+def test_sampler_logprobs_equal_the_learner_recomputation_on_left_padded_prompts(model, tiny_tokenizer):
+    config = SamplingConfig(max_new_tokens=10, temperature=0.7, top_p=0.95)
+    rollout = sample_rollout(model, tiny_tokenizer, PROBLEMS, 2, config, seed=1)
+    with torch.no_grad():
+        learner = completion_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                      rollout.completion_mask, config.temperature)
+    err = (learner - rollout.sampler_logps).abs().max().item()
+    assert err < 1e-4, f"the KV-cached sampler and the full forward disagree by {err:.3g}: the ratio would not be 1"
+
+
+def test_same_seed_gives_the_same_completions_and_another_seed_differs(model, tiny_tokenizer):
+    config = SamplingConfig(max_new_tokens=8, temperature=1.0)
+    a = sample_rollout(model, tiny_tokenizer, PROBLEMS, 4, config, seed=5)
+    b = sample_rollout(model, tiny_tokenizer, PROBLEMS, 4, config, seed=5)
+    c = sample_rollout(model, tiny_tokenizer, PROBLEMS, 4, config, seed=6)
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.sampler_logps, b.sampler_logps)
+    assert not torch.equal(a.completion_ids, c.completion_ids)
+
+
+def test_greedy_matches_transformers_generate(tiny_tokenizer):
+    model = build_qwen3(len(tiny_tokenizer), seed=4)
+    problem = PROBLEMS[1]
+    rollout = sample_rollout(model, tiny_tokenizer, [problem], 1, SamplingConfig(max_new_tokens=8, temperature=0.0), seed=0)
+    ids = tiny_tokenizer(problem.prompt, return_tensors="pt")["input_ids"]
+    expected = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=tiny_tokenizer.eos_token_id,
+                              pad_token_id=tiny_tokenizer.pad_token_id)[0, ids.shape[1]:]
+    got = rollout.completion_ids[0][rollout.completion_mask[0]]
+    assert got.tolist() == expected.tolist()
+
+
+def test_tiny_top_p_samples_the_greedy_token(model, tiny_tokenizer):
+    greedy = sample_rollout(model, tiny_tokenizer, PROBLEMS, 1, SamplingConfig(max_new_tokens=6, temperature=0.0), seed=0)
+    nucleus = sample_rollout(model, tiny_tokenizer, PROBLEMS, 1, SamplingConfig(max_new_tokens=6, temperature=1.0, top_p=1e-6), seed=9)
+    assert torch.equal(greedy.completion_ids, nucleus.completion_ids)
+
+
+def test_a_tokenizer_without_eos_is_refused(model, tiny_tokenizer):
+    tokenizer = type(tiny_tokenizer).from_pretrained(tiny_tokenizer.name_or_path)
+    tokenizer.eos_token = None
+    with pytest.raises(ValueError, match="no EOS token"):
+        sample_rollout(model, tokenizer, PROBLEMS, 1, SamplingConfig(max_new_tokens=2), seed=0)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer"),
+    ({"max_new_tokens": 4, "temperature": -1.0}, "temperature must be >= 0"),
+    ({"max_new_tokens": 4, "top_p": 0.0}, "top_p must be in"),
+])
+def test_bad_sampling_settings_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingConfig(**kwargs)

@@ -1,0 +1,85 @@
+"""One whole GRPO step on a tiny random Qwen3: what changes, what does not, and determinism."""
+import pytest
+import torch
+
+from reward_density.loss import LossConfig
+from reward_density.models import load_causal_lm
+from reward_density.policy import Policy, PolicyConfig
+from reward_density.problems import Problem
+from reward_density.rewards.distillation import DistillationReward
+from reward_density.sampler import SamplingConfig
+from reward_density.train_step import StepConfig, grpo_step
+from tiny_models import build_qwen3
+
+PROBLEMS = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\n", "41")]
+METRICS = ["loss", "reward_mean", "advantage_std", "advantage_abs_max", "kl_ref", "clip_frac", "grad_norm",
+           "len_mean", "len_max", "frac_truncated", "frac_answered", "steps_mean", "step_seconds",
+           "generate_seconds", "train_seconds"]
+TIMINGS = {"step_seconds", "generate_seconds", "reward_seconds", "train_seconds"}
+
+
+def run_step(model_dir, tokenizer, rank, beta=0.05, seed=0, lr=1e-2):
+    torch.manual_seed(seed)
+    policy = Policy(load_causal_lm(model_dir), PolicyConfig(rank=rank), keep_reference=beta > 0)
+    before = {name: p.detach().clone() for name, p in policy.model.named_parameters()}
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=lr, weight_decay=0.0)
+    reward = DistillationReward(build_qwen3(len(tokenizer), seed=11), temperature=0.7)
+    config = StepConfig(group_size=4, sampling=SamplingConfig(max_new_tokens=8, temperature=0.7, top_p=0.95),
+                        loss=LossConfig(beta=beta, kl_estimator="paper"))
+    metrics = grpo_step(policy, tokenizer, optimizer, PROBLEMS, reward, config, seed=seed)
+    changed = {name for name, p in policy.model.named_parameters() if not torch.equal(before[name], p.detach())}
+    return policy, metrics, changed, set(before)
+
+
+def test_lora_rank_1_step_changes_only_adapter_weights(tiny_model_dir, tiny_tokenizer):
+    policy, _, changed, names = run_step(tiny_model_dir, tiny_tokenizer, rank=1)
+    assert changed, "a LoRA step changed nothing"
+    frozen = sorted(name for name in changed if "lora_" not in name)
+    assert not frozen, f"base weights changed under LoRA: {frozen[:5]}"
+    lora_b = {name for name in names if "lora_B" in name}
+    assert lora_b <= changed, "every lora_B matrix must move on the first step (lora_A gets no gradient while B = 0)"
+    adapters = [m for m in policy.model.modules() if hasattr(m, "lora_A") and "default" in m.lora_A]
+    assert adapters and all(m.lora_A["default"].weight.shape[0] == 1 for m in adapters), "adapter rank is not 1"
+
+
+def test_full_fine_tuning_step_changes_every_weight(tiny_model_dir, tiny_tokenizer):
+    _, _, changed, names = run_step(tiny_model_dir, tiny_tokenizer, rank=None)
+    assert changed == names, f"weights left unchanged by a FullFT step: {sorted(names - changed)[:5]}"
+
+
+def test_full_fine_tuning_keeps_a_reference_copy_only_when_beta_is_positive(tiny_model_dir, tiny_tokenizer):
+    with_kl, metrics, _, _ = run_step(tiny_model_dir, tiny_tokenizer, rank=None, beta=0.05)
+    without, metrics_free, _, _ = run_step(tiny_model_dir, tiny_tokenizer, rank=None, beta=0.0)
+    assert with_kl.has_reference and not without.has_reference
+    assert metrics["kl_ref"] >= 0 and metrics_free["kl_ref"] != metrics_free["kl_ref"], "beta 0 must skip the reference pass"
+
+
+@pytest.mark.parametrize("rank", [1, None])
+def test_same_seed_gives_identical_metrics(tiny_model_dir, tiny_tokenizer, rank):
+    _, first, _, _ = run_step(tiny_model_dir, tiny_tokenizer, rank=rank, seed=3)
+    _, second, _, _ = run_step(tiny_model_dir, tiny_tokenizer, rank=rank, seed=3)
+    strip = lambda m: {k: v for k, v in m.items() if k not in TIMINGS}  # noqa: E731
+    assert strip(first) == strip(second)
+
+
+def test_metrics_row_carries_every_contract_name(tiny_model_dir, tiny_tokenizer):
+    _, metrics, _, _ = run_step(tiny_model_dir, tiny_tokenizer, rank=2)
+    missing = [name for name in METRICS if name not in metrics]
+    assert not missing, f"metrics row lacks {missing}"
+    assert metrics["len_max"] <= 8 and 0 <= metrics["frac_truncated"] <= 1
+
+
+@pytest.mark.parametrize("rank", [0, -3, 2.5, True, "4"])
+def test_rank_that_is_not_a_positive_integer_is_refused(rank):
+    with pytest.raises(ValueError, match="LoRA rank must be a positive integer"):
+        PolicyConfig(rank=rank)
+
+
+def test_missing_model_folder_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model folder not found: .*nowhere"):
+        load_causal_lm(tmp_path / "nowhere")
+
+
+def test_group_sampling_at_temperature_zero_is_refused():
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        StepConfig(group_size=4, sampling=SamplingConfig(max_new_tokens=4, temperature=0.0))
