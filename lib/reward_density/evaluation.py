@@ -6,7 +6,7 @@ from math import comb
 
 import torch
 
-from .answer_check import AnswerChecker, has_boxed_answer
+from .answer_check import AnswerChecker, Verdict, has_boxed_answer
 from .problems import Problem
 from .sampler import SamplingConfig, sample_rollout
 
@@ -32,8 +32,8 @@ def _answer(model, tokenizer, problems, checker, group_size, sampling, seed, bat
             for i, (verdict, text) in enumerate(zip(verdicts, rollout.completions)):
                 rows.append({
                     "problem_id": batch[i // group_size].problem_id,
-                    "verdict": str(verdict),
-                    "correct": verdict == "correct",
+                    "verdict": verdict.value,
+                    "correct": verdict is Verdict.CORRECT,
                     "length": int(lengths[i]),
                     "answered": has_boxed_answer(text),
                     "truncated": bool(rollout.truncated[i]),

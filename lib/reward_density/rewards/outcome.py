@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from reward_density.answer_check import AnswerChecker, Verdict
-from reward_density.deposits import Deposits
-from reward_density.rollout import Rollout
+from ..answer_check import AnswerChecker, Verdict
+from ..deposits import Deposits
+from ..rollout import Rollout
 
 
 class OutcomeReward:
