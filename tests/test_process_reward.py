@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 from reward_density.rewards.process import PRMScorer, ProcessReward
 from reward_density.rollout import Rollout
 from reward_density.steps import split_steps
-from stand_ins import EOS, PAD, prm_tokenizer, student_tokenizer, tiny_prm
+from step_stand_ins import EOS, PAD, prm_tokenizer, student_tokenizer, tiny_prm
 
 SENTINEL = "GOLD-ANSWER-SENTINEL-9731"
 
@@ -146,7 +146,7 @@ def test_process_reward_deposits_one_score_per_step_on_its_last_token(prm, prm_t
         student, ["What is 12 + 7?"] * 2 + ["What is 30 - 4?"] * 2, completions, [False, False, False, True], 2
     )
     deposits = ProcessReward(spy, student)(rollout)
-    deposits.check_inside(rollout.completion_mask)
+    assert not (deposits.deposit_mask & ~rollout.completion_mask.bool()).any(), "a deposit sits on padding"
 
     for i, text in enumerate(rollout.completions):
         steps = split_steps(text)

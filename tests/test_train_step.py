@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from reward_density.loss import LossConfig
-from reward_density.models import load_causal_lm
+from reward_density.models import load_causal_lm, load_tokenizer
 from reward_density.policy import Policy, PolicyConfig
 from reward_density.problems import Problem
 from reward_density.rewards.distillation import DistillationReward
@@ -83,3 +83,17 @@ def test_missing_model_folder_is_named(tmp_path):
 def test_group_sampling_at_temperature_zero_is_refused():
     with pytest.raises(ValueError, match="temperature must be > 0"):
         StepConfig(group_size=4, sampling=SamplingConfig(max_new_tokens=4, temperature=0.0))
+
+
+def test_tokenizer_loads_from_its_folder_and_one_without_eos_is_refused(tiny_model_dir, tmp_path):
+    assert load_tokenizer(tiny_model_dir).eos_token == "<eos>"
+    tokenizer = load_tokenizer(tiny_model_dir)
+    tokenizer.eos_token = None
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="has no EOS token"):
+        load_tokenizer(tmp_path)
+
+
+def test_a_folder_that_is_not_a_saved_model_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        load_causal_lm(tmp_path)

@@ -38,13 +38,3 @@ class Deposits:
             )
         if torch.any(self.token_rewards[~self.deposit_mask] != 0):
             raise ValueError("token_rewards must be 0 wherever deposit_mask is False")
-
-    def check_inside(self, completion_mask: torch.Tensor) -> None:
-        """Raise if the deposits do not fit the completion they score."""
-        if completion_mask.shape != self.deposit_mask.shape:
-            raise ValueError(
-                f"deposits have shape {tuple(self.deposit_mask.shape)} but the completion mask has "
-                f"shape {tuple(completion_mask.shape)}"
-            )
-        if torch.any(self.deposit_mask & ~completion_mask.bool()):
-            raise ValueError("a deposit sits outside the completion mask (on padding)")

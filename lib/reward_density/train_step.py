@@ -55,7 +55,6 @@ def grpo_step(
     generated = time.perf_counter()
 
     deposits = reward(rollout)
-    deposits.check_inside(rollout.completion_mask)
     mask = rollout.completion_mask
     advantages = compute_advantages(
         deposits.token_rewards, deposits.deposit_mask, mask, config.group_size, config.advantage_eps
