@@ -47,8 +47,8 @@ CLI_FIELDS = ("steps", "warmup", "prompts", "generations", "max_new_tokens", "hi
 class BenchConfig:
     """Benchmark sizes and the GRPO settings both implementations share."""
 
-    steps: int = 8
-    warmup: int = 2
+    steps: int = 20
+    warmup: int = 3
     prompts: int = 1
     generations: int = 4
     max_new_tokens: int = 32
