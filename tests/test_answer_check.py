@@ -82,8 +82,9 @@ def test_pathological_answer_times_out_and_later_items_are_still_checked(checker
     elapsed = time.monotonic() - start
     expected = [Verdict.CORRECT, Verdict.TIMEOUT, Verdict.CORRECT, Verdict.WRONG, Verdict.UNPARSABLE]
     assert verdicts == expected, f"expected {expected} around a hanging item, got {verdicts}"
-    # 1 s for the hung item plus a worker restart (~1-2 s).
-    assert elapsed < 6.0, f"a 1 s timeout took {elapsed:.1f}s to return"
+    # Unbounded, this verify ran past 300 s; bounded, it costs 1 s plus a worker restart (~1-2 s).
+    # The generous limit keeps a busy CI machine from flaking while still proving the bound.
+    assert elapsed < 60.0, f"a 1 s timeout took {elapsed:.1f}s to return"
 
 
 def test_check_works_from_a_thread(checker):
