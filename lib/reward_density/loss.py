@@ -97,15 +97,12 @@ def grpo_loss(
     clipped = torch.clamp(ratio, 1.0 - config.epsilon, 1.0 + config.epsilon)
     per_token = -torch.min(ratio * advantages, clipped * advantages)
 
-    kl_ref = float("nan")
     if config.beta > 0:
         if ref_logps is None:
             raise ValueError("beta > 0 needs reference log-probs (ref_logps)")
-        kl = kl_penalty(logps, ref_logps.detach(), config.kl_estimator)
-        per_token = per_token + config.beta * kl
-        kl_ref = _masked_mean(kl_penalty(logps.detach(), ref_logps, "k3"), mask)
-    elif ref_logps is not None:  # tracked for the KL-vs-rank plots even when it is not in the loss
-        kl_ref = _masked_mean(kl_penalty(logps.detach(), ref_logps, "k3"), mask)
+        per_token = per_token + config.beta * kl_penalty(logps, ref_logps.detach(), config.kl_estimator)
+    # Reported as k3 whatever the penalty, and also when beta = 0 (KL-vs-rank plots), if a reference was scored.
+    kl_ref = float("nan") if ref_logps is None else _masked_mean(kl_penalty(logps.detach(), ref_logps, "k3"), mask)
 
     with torch.no_grad():
         is_clipped = ((ratio < 1 - config.epsilon) & (advantages < 0)) | ((ratio > 1 + config.epsilon) & (advantages > 0))
