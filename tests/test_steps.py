@@ -6,7 +6,7 @@ import random
 import pytest
 
 from reward_density.steps import Step, split_steps, step_end_tokens
-from step_stand_ins import QWEN_PATTERN, messy_completion, student_tokenizer, trace_line
+from step_stand_ins import QWEN_PATTERN, messy_completion, student_tokenizer
 
 
 @pytest.fixture(scope="module", params=["free-merges", "qwen-pattern"])

@@ -59,7 +59,7 @@ class Policy:
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def reference_context(self) -> contextlib.AbstractContextManager:
+    def _reference_context(self) -> contextlib.AbstractContextManager:
         """Inside it, the model to score under is the reference (LoRA: adapter disabled)."""
         if self.config.is_lora:
             return self.model.disable_adapter()
@@ -71,7 +71,7 @@ class Policy:
         if not self.has_reference:
             raise RuntimeError("this full fine-tuning policy was built without a reference copy (beta = 0)")
         scorer = self._reference if self._reference is not None else self.model
-        with self.reference_context():
+        with self._reference_context():
             return completion_logprobs(
                 scorer, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask,
                 temperature,
