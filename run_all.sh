@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The one entry point of the study.
-#   ./run_all.sh          set up .venv (if missing) and install the project
-#   ./run_all.sh setup    the same, explicitly
-#   ./run_all.sh test     set up, then run the test suite (what CI runs)
+#   ./run_all.sh                    set up, build the mini world if missing, run every unfinished cell of
+#                                   params/mini.yaml, then the analysis; prints where the report is
+#   ./run_all.sh --profile smoke --jobs 2 --cells 'outcome-*'   other profiles and options (see --help)
+#   ./run_all.sh setup              only create .venv (if missing) and install the project
+#   ./run_all.sh test [pytest args] set up, then run the unit tests and the nbval checks (what CI runs)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -30,15 +32,24 @@ setup() {
   fi
 }
 
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
 run_tests() {
-  # Offline by design: nothing in the suite may reach a model hub.
-  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
-    "$PY" -m pytest tests "$@"
+  # Offline by design: nothing in the suite may reach a model hub. --nbval-lax re-runs the golden
+  # notebooks under tests/golden and compares the outputs of cells marked NBVAL_CHECK_OUTPUT.
+  "$PY" -m pytest tests --nbval-lax --nbval-sanitize-with tests/golden/sanitize.cfg "$@"
 }
 
-command="${1:-setup}"
-case "$command" in
+run_study() {
+  # Defaults: the mini profile, one cell per core; options given later override them (argparse: last wins).
+  "$PY" -m reward_density.runner --profile mini --jobs "$(nproc 2>/dev/null || echo 1)" "$@"
+}
+
+case "${1:-}" in
   setup) setup ;;
   test) shift; setup; run_tests "$@" ;;
-  *) echo "usage: ./run_all.sh [setup|test [pytest args...]]" >&2; exit 2 ;;
+  -h|--help) echo "usage: ./run_all.sh [setup | test [pytest args] | [runner options]]" >&2
+             setup >/dev/null; "$PY" -m reward_density.runner --help ;;
+  ""|--*) setup; run_study "$@" ;;
+  *) echo "usage: ./run_all.sh [setup | test [pytest args] | [--profile P] [--cells GLOBS] [--jobs N]]" >&2; exit 2 ;;
 esac

@@ -16,3 +16,12 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
     build_qwen3(len(tiny_tokenizer), seed=0).save_pretrained(folder)
     tiny_tokenizer.save_pretrained(folder)
     return folder
+
+
+def pytest_collection_finish(session):
+    """The golden notebooks read the smoke world under outputs/smoke/world: build it first (seconds; skipped if up to date)."""
+    if any(str(item.path).endswith(".ipynb") for item in session.items):
+        from reward_density.mini_world import build_world, world_config
+        from reward_density.params import REPO_ROOT
+
+        build_world(world_config("smoke"), REPO_ROOT / "outputs" / "smoke" / "world", log=lambda line: None)

@@ -1,7 +1,10 @@
 """A problem the policy answers: the prompt it sees and the gold answer the outcome check uses."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -11,3 +14,27 @@ class Problem:
     problem_id: str
     prompt: str
     answer: str
+
+
+def write_problems(path: Path, problems: Sequence[Problem], extra: Sequence[dict] | None = None) -> None:
+    """One JSON object per line: problem_id, prompt, answer, and any extra fields per problem."""
+    extra = extra or [{} for _ in problems]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        for problem, more in zip(problems, extra, strict=True):
+            handle.write(json.dumps({**asdict(problem), **more}) + "\n")
+
+
+def read_problems(path: Path) -> list[Problem]:
+    """Problems from a jsonl file written by write_problems (extra fields are ignored)."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"problem file not found: {path}")
+    problems = []
+    with open(path) as handle:
+        for line_number, line in enumerate(handle, 1):
+            try:
+                row = json.loads(line)
+                problems.append(Problem(str(row["problem_id"]), row["prompt"], str(row["answer"])))
+            except (json.JSONDecodeError, KeyError, TypeError) as error:
+                raise ValueError(f"{path}:{line_number}: not a problem record ({error!r})") from error
+    return problems

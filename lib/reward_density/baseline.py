@@ -1,0 +1,60 @@
+"""Capability baseline (paper Table 2): sampled pass@k, exploration gap and response length, per model."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from .analysis import markdown_table  # noqa: E402
+from .answer_check import AnswerChecker  # noqa: E402
+from .evaluation import sampled_pass_at_k  # noqa: E402
+from .problems import Problem  # noqa: E402
+from .sampler import SamplingConfig  # noqa: E402
+
+
+def capability_row(
+    name: str,
+    model,
+    tokenizer,
+    problems: Sequence[Problem],
+    checker: AnswerChecker,
+    sampling: SamplingConfig,
+    ks: Sequence[int],
+    seed: int,
+) -> dict:
+    """pass@k for each k from max(ks) samples per problem, the exploration gap and the mean length."""
+    scores, rows = sampled_pass_at_k(model, tokenizer, problems, checker, sampling, max(ks), ks, seed)
+    lengths = [r["length"] for r in rows]
+    return {
+        "model": name,
+        **{f"pass@{k}": scores[k] for k in ks},
+        # How much more a model finds when it may try k times: what RL can hope to pull into pass@1.
+        "exploration_gap": scores[max(ks)] - scores[min(ks)],
+        "mean_length": sum(lengths) / len(lengths),
+        "frac_truncated": sum(r["truncated"] for r in rows) / len(rows),
+    }
+
+
+def capability_markdown(table: pd.DataFrame) -> str:
+    """The table as markdown, numbers to three decimals."""
+    rows = [[f"{v:.3f}" if isinstance(v, float) else v for v in row] for row in table.itertuples(index=False)]
+    return markdown_table(list(table.columns), rows)
+
+
+def plot_capability(table: pd.DataFrame, path) -> plt.Figure:
+    """pass@k against k, one line per model, saved to path."""
+    ks = [int(c.split("@")[1]) for c in table.columns if c.startswith("pass@")]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for _, row in table.iterrows():
+        ax.plot(ks, [row[f"pass@{k}"] for k in ks], marker="o", label=row["model"])
+    ax.set(xscale="log", xlabel="k (samples per problem)", ylabel="pass@k (held-out)", ylim=(0, 1))
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.legend()
+    ax.set_title("Capability baseline")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return fig

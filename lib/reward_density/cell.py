@@ -1,0 +1,287 @@
+"""One cell of the matrix: its validated settings, its inputs, the training loop and the files it writes.
+
+The cell folder (DESIGN §6): params.json, history.csv (per step), evals.csv (per evaluation),
+answers.csv (per problem at each evaluation), manifest.json, and summary.json last and atomically:
+its presence means the cell is done.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from .answer_check import AnswerChecker
+from .evaluation import greedy_eval
+from .loss import LossConfig
+from .models import load_causal_lm, load_tokenizer
+from .policy import Policy, PolicyConfig
+from .problems import Problem, read_problems
+from .provenance import manifest, write_json_atomic
+from .rewards import RewardModule, build_reward, check_regime
+from .sampler import SamplingConfig
+from .train_step import StepConfig, grpo_step
+
+SUMMARY = "summary.json"
+
+
+@dataclass(frozen=True)
+class CellConfig:
+    """Every parameter of the training notebook, validated together (params/*.yaml `cell` plus the arm)."""
+
+    regime: str
+    rank: int | None  # None: full fine-tuning ("full" in params)
+    seed: int
+    learning_rate: float
+    steps: int
+    prompts_per_step: int
+    group_size: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    beta: float
+    kl_estimator: str
+    loss_normalisation: str
+    eval_every: int
+    eval_problems: int
+    eval_max_new_tokens: int
+    lora_alpha: float
+    lora_dropout: float
+    weight_decay: float
+    max_grad_norm: float
+    advantage_eps: float
+    device: str
+    teacher_device: str
+    prm_device: str
+    student: str
+    teacher: str
+    prm: str
+    problems: str
+    out_dir: str
+    profile: str = "custom"
+    heldout: str | None = None  # paper world: a separate held-out dataset; mini: problems/heldout.jsonl
+
+    def __post_init__(self) -> None:
+        check_regime(self.regime)
+        for name in ("seed",):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) or self.seed < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
+        for name in ("steps", "prompts_per_step", "eval_every", "eval_problems", "eval_max_new_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        self.step_config()  # the library's own configs check the rest
+        self.policy_config()
+        SamplingConfig(self.eval_max_new_tokens, temperature=0.0)
+
+    @classmethod
+    def from_parameters(cls, parameters: dict[str, Any]) -> CellConfig:
+        """From the notebook's parameters: rank 'full' means FullFT; unknown or missing names are errors."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(parameters) - known)
+        if unknown:
+            raise ValueError(f"unknown cell parameters {unknown}; known: {sorted(known)}")
+        values = dict(parameters)
+        rank = values.get("rank")
+        if rank == "full":
+            values["rank"] = None
+        elif isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"rank must be a positive integer or 'full', got {rank!r}")
+        missing = sorted(f.name for f in fields(cls) if f.name not in values and f.default is not None
+                         and f.name not in ("profile", "heldout"))
+        if missing:
+            raise ValueError(f"missing cell parameters {missing}")
+        return cls(**values)
+
+    @property
+    def name(self) -> str:
+        return f"{self.regime}-r{'full' if self.rank is None else self.rank}-s{self.seed}"
+
+    def step_config(self) -> StepConfig:
+        loss = LossConfig(
+            beta=self.beta,
+            kl_estimator=self.kl_estimator,
+            normalisation=self.loss_normalisation,
+            constant_length=self.max_new_tokens,
+        )
+        sampling = SamplingConfig(self.max_new_tokens, temperature=self.temperature, top_p=self.top_p)
+        return StepConfig(self.group_size, sampling, loss, self.advantage_eps, self.max_grad_norm)
+
+    def policy_config(self) -> PolicyConfig:
+        return PolicyConfig(rank=self.rank, alpha=self.lora_alpha, dropout=self.lora_dropout)
+
+
+# ------------------------------------------------------------------------------------ inputs
+
+
+@dataclass
+class CellInputs:
+    """What a cell trains on and with: problems, student and tokenizer, the reward, the answer checker."""
+
+    train: list[Problem]
+    heldout: list[Problem]
+    tokenizer: Any
+    student: torch.nn.Module
+    reward: RewardModule
+    checker: AnswerChecker
+
+
+def load_problem_splits(config: CellConfig) -> tuple[list[Problem], list[Problem]]:
+    """Training problems and the first eval_problems held-out problems (the same fixed set for every cell)."""
+    folder = Path(config.problems)
+    heldout = read_problems(Path(config.heldout) if config.heldout else folder / "heldout.jsonl")
+    if len(heldout) < config.eval_problems:
+        raise ValueError(f"eval_problems = {config.eval_problems} but only {len(heldout)} held-out problems exist")
+    return read_problems(folder / "train.jsonl"), heldout[: config.eval_problems]
+
+
+def load_inputs(config: CellConfig, checker: AnswerChecker) -> CellInputs:
+    """Load everything before training starts, so a missing model fails the cell before any work."""
+    train, heldout = load_problem_splits(config)
+    tokenizer = load_tokenizer(config.student)
+    student = load_causal_lm(config.student, device=config.device, what="student")
+    parts: dict[str, Any] = {"checker": checker, "temperature": config.temperature}
+    if config.regime == "process":
+        parts.update(
+            prm_model=load_causal_lm(config.prm, device=config.prm_device, what="PRM"),
+            prm_tokenizer=load_tokenizer(config.prm),
+            student_tokenizer=tokenizer,
+        )
+    if config.regime == "distillation":
+        parts["teacher"] = load_causal_lm(config.teacher, device=config.teacher_device, what="teacher")
+    return CellInputs(train, heldout, tokenizer, student, build_reward(config.regime, **parts), checker)
+
+
+# ------------------------------------------------------------------------------------ outputs
+
+
+class CellWriter:
+    """Writes a cell's files as they grow; summary.json only through finish()."""
+
+    def __init__(self, config: CellConfig, extra: dict[str, Any] | None = None) -> None:
+        self.folder = Path(config.out_dir)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / SUMMARY).unlink(missing_ok=True)  # a rerun is unfinished until it says otherwise
+        self.config, self.started = config, time.time()
+        self.history: list[dict] = []
+        self.evals: list[dict] = []
+        self.answers: list[dict] = []
+        params = asdict(config) | {"rank": "full" if config.rank is None else config.rank, "derived": extra or {}}
+        write_json_atomic(self.folder / "params.json", params)
+
+    def add_step(self, row: dict[str, Any]) -> None:
+        self.history.append(row)
+        _write_csv(self.folder / "history.csv", self.history)
+
+    def add_eval(self, step: int, pass1: float, rows: list[dict]) -> None:
+        n = max(len(rows), 1)
+        self.evals.append({
+            "step": step,
+            "pass1": pass1,
+            "len_mean": sum(r["length"] for r in rows) / n,
+            "frac_truncated": sum(r["truncated"] for r in rows) / n,
+            "frac_answered": sum(r["answered"] for r in rows) / n,
+        })
+        self.answers += [{"step": step, **r} for r in rows]
+        _write_csv(self.folder / "evals.csv", self.evals)
+        _write_csv(self.folder / "answers.csv", self.answers)
+
+    def finish(self, device: str) -> dict[str, Any]:
+        """manifest.json, then summary.json last and atomically: from then on the cell counts as done."""
+        wall = time.time() - self.started
+        write_json_atomic(self.folder / "manifest.json", manifest(device, wall_seconds=round(wall, 2), cell=self.config.name))
+        summary = summarise(self.config, self.history, self.evals, wall)
+        write_json_atomic(self.folder / SUMMARY, summary)
+        return summary
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    columns = list(dict.fromkeys(key for row in rows for key in row))  # counters may appear late
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+
+
+def summarise(config: CellConfig, history: list[dict], evals: list[dict], wall_seconds: float) -> dict[str, Any]:
+    """The cell's headline numbers (the analysis reads these)."""
+    base = next(e for e in evals if e["step"] == 0)
+    peak = max(evals, key=lambda e: (e["pass1"], -e["step"]))
+    final = max(evals, key=lambda e: e["step"])
+    return {
+        "cell": config.name,
+        "regime": config.regime,
+        "rank": config.rank,
+        "seed": config.seed,
+        "learning_rate": config.learning_rate,
+        "steps": len(history),
+        "base_pass1": base["pass1"],
+        "final_pass1": final["pass1"],
+        "peak_pass1": peak["pass1"],
+        "peak_step": peak["step"],
+        "peak_advantage_std": max((h["advantage_std"] for h in history), default=0.0),
+        "final_len_mean": final["len_mean"],
+        "final_frac_truncated": final["frac_truncated"],
+        "wall_seconds": round(wall_seconds, 2),
+    }
+
+
+# ------------------------------------------------------------------------------------ training
+
+
+def batches(problems: list[Problem], size: int, seed: int) -> Iterator[list[Problem]]:
+    """Endless batches of distinct problems, reshuffled each epoch with the cell's seed."""
+    if size > len(problems):
+        raise ValueError(f"prompts_per_step = {size} exceeds the {len(problems)} training problems")
+    rng = random.Random(seed)
+    while True:
+        order = problems[:]
+        rng.shuffle(order)
+        for start in range(0, len(order) - size + 1, size):
+            yield order[start : start + size]
+
+
+def make_policy(config: CellConfig, student: torch.nn.Module) -> Policy:
+    """The LoRA adapter (initialised from the cell's seed) or the full model."""
+    torch.manual_seed(config.seed)
+    return Policy(student, config.policy_config(), keep_reference=config.beta > 0)
+
+
+def train(config: CellConfig, inputs: CellInputs, policy: Policy, writer: CellWriter, progress: bool = True) -> None:
+    """config.steps GRPO steps, with greedy held-out evaluations at step 0, every eval_every and the end."""
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    step_config = config.step_config()
+
+    def evaluate(step: int) -> float:
+        pass1, rows = greedy_eval(policy.model, inputs.tokenizer, inputs.heldout, inputs.checker,
+                                  config.eval_max_new_tokens, batch_size=len(inputs.heldout))
+        writer.add_eval(step, pass1, rows)
+        return pass1
+
+    pass1 = evaluate(0)
+    bar = tqdm(range(1, config.steps + 1), desc=config.name, disable=not progress)
+    problems = batches(inputs.train, config.prompts_per_step, config.seed)
+    for step in bar:
+        row = grpo_step(policy, inputs.tokenizer, optimizer, next(problems), inputs.reward, step_config,
+                        seed=config.seed * 1_000_003 + step)
+        writer.add_step({"step": step, **row})
+        if step % config.eval_every == 0 or step == config.steps:
+            pass1 = evaluate(step)
+        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", pass1=f"{pass1:.3f}", len=f"{row['len_mean']:.0f}")
+
+
+def read_summary(out_dir: str | Path) -> dict[str, Any]:
+    return json.loads((Path(out_dir) / SUMMARY).read_text())

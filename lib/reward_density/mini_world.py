@@ -1,0 +1,466 @@
+"""The mini world: the offline CPU stand-in for Qwen3 on MATH, built from nothing and saved like the real models.
+
+Components and what each depends on (a component is rebuilt when its key, a hash of its own settings
+and of the components it depends on, differs from the one in the manifest):
+
+    problems -> tokenizer -> student, teacher -> prm
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import random
+import shutil
+import string
+import time
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from .answer_check import AnswerChecker
+from .arithmetic import TaskConfig, clean_trace, make_splits, problem_of, realistic_trace
+from .evaluation import greedy_eval
+from .models import load_causal_lm, load_tokenizer
+from .prm_training import (
+    LabelledSolution,
+    LabellingConfig,
+    PRMTrainingConfig,
+    label_steps,
+    sample_solutions,
+    step_accuracy,
+    train_prm,
+)
+from .problems import Problem, read_problems, write_problems
+from .provenance import manifest, write_json_atomic
+from .rewards.process import PRMScorer
+from .supervised import SupervisedConfig, encode_pairs, pretrain
+
+STUDENT_SPECIALS = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>"}
+PRM_SPECIALS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+STEP_TAG, GOOD_TOKEN, BAD_TOKEN = " ки", "+", "-"  # Math-Shepherd's interface
+
+
+class WorldBuildError(RuntimeError):
+    """The world could not be built as specified (e.g. a model missed its accuracy target)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Size of a small decoder (4 attention heads, 2 key-value heads, MLP 2x wide)."""
+
+    hidden: int
+    layers: int
+    max_positions: int = 256
+
+    def __post_init__(self) -> None:
+        if self.hidden % 8 or self.hidden <= 0 or self.layers <= 0:
+            raise ValueError(f"hidden must be a positive multiple of 8 and layers positive, got {self}")
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    """Every setting of the world; presets below, overrides from the world-building notebook."""
+
+    seed: int = 0
+    task: TaskConfig = field(default_factory=TaskConfig)
+    n_train: int = 20000
+    n_heldout: int = 100
+    vocab_size: int = 300
+    student: ModelSpec = ModelSpec(hidden=128, layers=3)
+    student_target: float = 0.3  # greedy held-out pass@1 of the base, as Qwen3-1.7B-Base's 0.375
+    student_tolerance: float = 0.05
+    student_training: SupervisedConfig = SupervisedConfig(batch_size=32, max_steps=3000, eval_every=25)
+    teacher: ModelSpec = ModelSpec(hidden=128, layers=4)
+    teacher_min_accuracy: float = 0.85
+    teacher_stop_accuracy: float = 0.92  # stop pretraining once reached; the minimum is what must hold
+    teacher_training: SupervisedConfig = SupervisedConfig(batch_size=32, max_steps=2500, eval_every=250)
+    prm: ModelSpec = ModelSpec(hidden=128, layers=3)
+    # Math-Shepherd fine-tunes a pretrained LM (Mistral-7B); so the PRM is first pretrained on clean traces.
+    prm_pretraining: SupervisedConfig = SupervisedConfig(batch_size=32, max_steps=600, eval_every=600)
+    prm_vocab_size: int = 300
+    prm_problems: int = 400  # training problems whose sampled solutions get step labels
+    prm_heldout_fraction: float = 0.2
+    labelling: LabellingConfig = LabellingConfig()
+    prm_training: PRMTrainingConfig = PRMTrainingConfig()
+    eval_max_new_tokens: int = 64  # a clean trace is about 35 tokens
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.student_target <= 1 or not 0 <= self.teacher_min_accuracy <= 1:
+            raise ValueError("accuracy targets must lie in [0, 1]")
+        if not 0 < self.prm_heldout_fraction < 1:
+            raise ValueError(f"prm_heldout_fraction must be in (0, 1), got {self.prm_heldout_fraction}")
+        if self.prm_problems > self.n_train:
+            raise ValueError(f"prm_problems ({self.prm_problems}) exceeds n_train ({self.n_train})")
+
+
+PRESETS: dict[str, WorldConfig] = {
+    "mini": WorldConfig(),
+    # Seconds, for tests: nothing reaches a target, so no target is asked for.
+    "smoke": WorldConfig(
+        n_train=400,
+        n_heldout=16,
+        student=ModelSpec(hidden=32, layers=1),
+        student_target=0.0,
+        student_tolerance=1.0,
+        student_training=SupervisedConfig(batch_size=16, max_steps=20, eval_every=10),
+        teacher=ModelSpec(hidden=32, layers=1),
+        teacher_min_accuracy=0.0,
+        teacher_stop_accuracy=1.0,
+        teacher_training=SupervisedConfig(batch_size=16, max_steps=20, eval_every=10),
+        prm=ModelSpec(hidden=32, layers=1),
+        prm_pretraining=SupervisedConfig(batch_size=16, max_steps=10, eval_every=10),
+        prm_problems=20,
+        labelling=LabellingConfig(solutions_per_problem=2, rollouts_per_step=2, max_new_tokens=32),
+        prm_training=PRMTrainingConfig(batch_size=8, steps=10),
+        eval_max_new_tokens=16,
+    ),
+}
+
+
+def _with_overrides(obj: Any, overrides: dict[str, Any], where: str) -> Any:
+    """A copy of a (nested) frozen dataclass with overrides applied; unknown keys are errors that name themselves."""
+    names = {f.name: f for f in fields(obj)}
+    changes = {}
+    for key, value in overrides.items():
+        if key not in names:
+            raise ValueError(f"unknown world setting {where}{key}; known: {sorted(names)}")
+        current = getattr(obj, key)
+        if is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ValueError(f"world setting {where}{key} must be a mapping, got {value!r}")
+            value = _with_overrides(current, value, f"{where}{key}.")
+        changes[key] = value
+    return replace(obj, **changes)
+
+
+def world_config(size: str = "mini", **overrides: Any) -> WorldConfig:
+    """A preset ('mini' or 'smoke') with overrides, e.g. world_config(seed=1, student={"hidden": 96})."""
+    if size not in PRESETS:
+        raise ValueError(f"unknown world size {size!r}; expected one of {sorted(PRESETS)}")
+    return _with_overrides(PRESETS[size], overrides, "")
+
+
+# --------------------------------------------------------------------------------------- keys
+
+
+def _key(*parts: Any) -> str:
+    blob = json.dumps([asdict(p) if is_dataclass(p) else p for p in parts], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def component_keys(config: WorldConfig) -> dict[str, str]:
+    """The key of each component: its own settings plus the keys of what it is built from."""
+    keys = {"problems": _key("problems", config.seed, config.task, config.n_train, config.n_heldout)}
+    keys["tokenizer"] = _key("tokenizer", keys["problems"], config.vocab_size)
+    keys["student"] = _key(
+        "student", keys["tokenizer"], config.seed, config.student, config.student_target,
+        config.student_training, config.eval_max_new_tokens,
+    )
+    keys["teacher"] = _key(
+        "teacher", keys["tokenizer"], config.seed, config.teacher, config.teacher_stop_accuracy,
+        config.teacher_training, config.eval_max_new_tokens,
+    )
+    keys["prm"] = _key(
+        "prm", keys["student"], keys["teacher"], config.prm, config.prm_vocab_size, config.prm_pretraining, config.prm_problems,
+        config.prm_heldout_fraction, config.labelling, config.prm_training,
+    )
+    return keys
+
+
+# --------------------------------------------------------------------------------- tokenizers
+
+
+def build_student_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE with digits split one by one (as Qwen's), a BOS added in front, EOS to stop."""
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    bpe.decoder = decoders.ByteLevel()
+    specials = list(STUDENT_SPECIALS.values())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(corpus, trainer)
+    bos = STUDENT_SPECIALS["bos_token"]
+    bpe.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, bpe.token_to_id(bos))])
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, clean_up_tokenization_spaces=False, **STUDENT_SPECIALS)
+
+
+def build_prm_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """A sentencepiece-style (Metaspace) BPE like Mistral's, knowing the step tag and the +/- tokens.
+
+    The corpus should already carry step tags; every printable ASCII character is in the alphabet.
+    """
+    bpe = Tokenizer(models.BPE(unk_token=PRM_SPECIALS["unk_token"]))
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split("\n", "isolated"),  # newlines stand alone, so the tag never merges with them
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.Metaspace(prepend_scheme="first"),
+        ]
+    )
+    bpe.decoder = decoders.Metaspace()
+    alphabet = sorted(set(string.printable.strip()) | set(STEP_TAG.strip()) | {"▁", "\n"})
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(PRM_SPECIALS.values()), initial_alphabet=alphabet, show_progress=False
+    )
+    bpe.train_from_iterator(corpus, trainer)
+    bos = PRM_SPECIALS["bos_token"]
+    bpe.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, bpe.token_to_id(bos))])
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, clean_up_tokenization_spaces=False, **PRM_SPECIALS)
+
+
+# ------------------------------------------------------------------------------------ models
+
+
+def new_qwen3(spec: ModelSpec, tokenizer, seed: int) -> Qwen3ForCausalLM:
+    """A freshly initialised Qwen3ForCausalLM of the given size for this tokenizer."""
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden,
+        intermediate_size=2 * spec.hidden,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=spec.hidden // 4,
+        max_position_embeddings=spec.max_positions,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    return Qwen3ForCausalLM(config).eval()
+
+
+def new_mistral(spec: ModelSpec, tokenizer, seed: int) -> MistralForCausalLM:
+    """A freshly initialised MistralForCausalLM (Math-Shepherd's architecture) for the PRM tokenizer."""
+    torch.manual_seed(seed)
+    config = MistralConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden,
+        intermediate_size=2 * spec.hidden,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=spec.hidden // 4,
+        max_position_embeddings=spec.max_positions,
+        sliding_window=None,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    return MistralForCausalLM(config).eval()
+
+
+def n_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# ------------------------------------------------------------------------------------ builders
+
+COMPONENTS = ("problems", "tokenizer", "student", "teacher", "prm")
+
+
+@dataclass
+class _Context:
+    """What the builders share while one world is built."""
+
+    config: WorldConfig
+    out_dir: Path
+    checker: AnswerChecker
+
+    def problems(self, split: str) -> list[Problem]:
+        return read_problems(self.out_dir / "problems" / f"{split}.jsonl")
+
+    def expressions(self):
+        return make_splits(self.config.task, self.config.n_train, self.config.n_heldout, self.config.seed)
+
+
+def _build_problems(ctx: _Context) -> dict[str, Any]:
+    train, heldout = ctx.expressions()
+    for split, expressions in (("train", train), ("heldout", heldout)):
+        problems = [problem_of(e, f"{split}-{i:05d}") for i, e in enumerate(expressions)]
+        extra = [{"expression": e.text, "solution": clean_trace(e)} for e in expressions]
+        write_problems(ctx.out_dir / "problems" / f"{split}.jsonl", problems, extra)
+    return {"train": len(train), "heldout": len(heldout), "example": problem_of(heldout[0], "").prompt + clean_trace(heldout[0])}
+
+
+def _training_texts(ctx: _Context, clean: bool) -> tuple[list[str], list[str]]:
+    """Prompts and traces of the training split: clean (teacher) or realistic (student)."""
+    train, _ = ctx.expressions()
+    rng = random.Random(ctx.config.seed)
+    traces = [clean_trace(e) if clean else realistic_trace(rng, e, ctx.config.task) for e in train]
+    return [problem_of(e, "").prompt for e in train], traces
+
+
+def _build_tokenizer(ctx: _Context) -> dict[str, Any]:
+    prompts, traces = _training_texts(ctx, clean=False)
+    corpus = [p + t for p, t in zip(prompts, traces)][:5000]
+    tokenizer = build_student_tokenizer(corpus, ctx.config.vocab_size)
+    tokenizer.save_pretrained(ctx.out_dir / "tokenizer")
+    return {"vocab_size": len(tokenizer)}
+
+
+def _closest_to(target: float, snapshots: list[tuple[float, dict]]) -> tuple[float, dict]:
+    return min(snapshots, key=lambda s: abs(s[0] - target))
+
+
+def _pretrain_lm(ctx: _Context, name: str, spec: ModelSpec, clean: bool, training: SupervisedConfig,
+                 stop_at: float, pick: Callable[[list[tuple[float, dict]]], tuple[float, dict]]) -> dict[str, Any]:
+    """Pretrain a fresh Qwen3 on the training traces until held-out greedy pass@1 reaches stop_at."""
+    tokenizer = load_tokenizer(ctx.out_dir / "tokenizer")
+    model = new_qwen3(spec, tokenizer, ctx.config.seed)
+    heldout = ctx.problems("heldout")
+    snapshots: list[tuple[float, dict]] = []  # the last two evaluations: (accuracy, weights)
+
+    def evaluate(m: torch.nn.Module) -> float:
+        accuracy, _ = greedy_eval(m, tokenizer, heldout, ctx.checker, ctx.config.eval_max_new_tokens, len(heldout))
+        snapshots[:] = snapshots[-1:] + [(accuracy, copy.deepcopy(m.state_dict()))]
+        return accuracy
+
+    prompts, traces = _training_texts(ctx, clean)
+    pairs = encode_pairs(tokenizer, prompts, traces)
+    history = pretrain(model, pairs, tokenizer.pad_token_id, replace(training, seed=ctx.config.seed), evaluate,
+                       stop=lambda evals: evals[-1][1] >= stop_at, desc=f"pretrain {name}")
+    accuracy, weights = pick(snapshots)
+    model.load_state_dict(weights)
+    model.save_pretrained(ctx.out_dir / name)
+    tokenizer.save_pretrained(ctx.out_dir / name)
+    return {
+        "accuracy": accuracy,
+        "parameters": n_parameters(model),
+        "hidden": spec.hidden,
+        "layers": spec.layers,
+        "pretrain_steps": history[-1][0],
+        "curve": [{"step": s, "loss": loss, "accuracy": a} for s, loss, a in history],
+    }
+
+
+def _build_student(ctx: _Context) -> dict[str, Any]:
+    c = ctx.config
+    info = _pretrain_lm(ctx, "student", c.student, False, c.student_training, c.student_target,
+                        pick=lambda snaps: _closest_to(c.student_target, snaps))
+    if abs(info["accuracy"] - c.student_target) > c.student_tolerance:
+        raise WorldBuildError(
+            f"student reached greedy pass@1 {info['accuracy']:.3f} after {info['pretrain_steps']} steps, "
+            f"not within {c.student_tolerance} of its target {c.student_target}: "
+            "raise student_training.max_steps or lower eval_every"
+        )
+    return info
+
+
+def _build_teacher(ctx: _Context) -> dict[str, Any]:
+    c = ctx.config
+    info = _pretrain_lm(ctx, "teacher", c.teacher, True, c.teacher_training, c.teacher_stop_accuracy,
+                        pick=lambda snaps: max(snaps, key=lambda s: s[0]))
+    if info["accuracy"] < c.teacher_min_accuracy:
+        raise WorldBuildError(
+            f"teacher reached greedy pass@1 {info['accuracy']:.3f} after {info['pretrain_steps']} steps, "
+            f"below its minimum {c.teacher_min_accuracy}: raise teacher_training.max_steps or the teacher size"
+        )
+    return info
+
+
+def _write_labelled(path: Path, data: list[LabelledSolution]) -> None:
+    with open(path, "w") as handle:
+        for item in data:
+            handle.write(json.dumps(asdict(item)) + "\n")
+
+
+def _build_prm(ctx: _Context) -> dict[str, Any]:
+    c = ctx.config
+    tokenizer = load_tokenizer(ctx.out_dir / "student")
+    student = load_causal_lm(ctx.out_dir / "student", what="student")
+    teacher = load_causal_lm(ctx.out_dir / "teacher", what="teacher")
+    problems = ctx.problems("train")[: c.prm_problems]
+    solutions = sample_solutions(student, tokenizer, problems, c.labelling, c.seed)
+    # The completer is the teacher: rollouts from a correct prefix then mostly succeed (Math-Shepherd's
+    # completer is a strong fine-tuned generator for the same reason).
+    labelled = label_steps(teacher, tokenizer, solutions, ctx.checker, c.labelling, c.seed)
+    n_heldout = max(1, round(len(problems) * c.prm_heldout_fraction))
+    heldout_ids = {p.problem_id for p in problems[-n_heldout:]}  # split by problem, never by step
+    train = [s for s in labelled if s.problem_id not in heldout_ids]
+    heldout = [s for s in labelled if s.problem_id in heldout_ids]
+
+    # The backbone first learns clean traces in the PRM's own input format (question, tagged steps).
+    prompts, traces = _training_texts(ctx, clean=True)
+    texts = [f"{q} " + "\n".join(line + STEP_TAG for line in t.split("\n")) for q, t in zip(prompts, traces)]
+    noisy = [s.question + "\n".join(s.steps) for s in labelled]
+    prm_tokenizer = build_prm_tokenizer(texts[:5000] + noisy, c.prm_vocab_size)
+    backbone = new_mistral(c.prm, prm_tokenizer, c.seed)
+    pretrain(backbone, encode_pairs(prm_tokenizer, [""] * len(texts), texts), prm_tokenizer.pad_token_id,
+             replace(c.prm_pretraining, seed=c.seed), desc="pretrain PRM backbone")
+    scorer = PRMScorer(backbone, prm_tokenizer, STEP_TAG, GOOD_TOKEN, BAD_TOKEN)
+    losses = train_prm(scorer, train, replace(c.prm_training, seed=c.seed))
+    folder = ctx.out_dir / "prm"
+    scorer.model.save_pretrained(folder)
+    prm_tokenizer.save_pretrained(folder)
+    _write_labelled(folder / "labelled_steps.jsonl", labelled)
+    return {
+        "parameters": n_parameters(scorer.model),
+        "hidden": c.prm.hidden,
+        "layers": c.prm.layers,
+        "step_tag": STEP_TAG,
+        "labelled_solutions": {"train": len(train), "heldout": len(heldout)},
+        "heldout": step_accuracy(scorer, heldout),
+        "train": step_accuracy(scorer, train),
+        "final_loss": sum(losses[-20:]) / len(losses[-20:]),
+    }
+
+
+BUILDERS: dict[str, Callable[[_Context], dict[str, Any]]] = {
+    "problems": _build_problems,
+    "tokenizer": _build_tokenizer,
+    "student": _build_student,
+    "teacher": _build_teacher,
+    "prm": _build_prm,
+}
+
+
+def read_manifest(out_dir: Path) -> dict[str, Any]:
+    """The world's manifest, or an empty one when none was written yet."""
+    path = Path(out_dir) / "manifest.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def stale_components(config: WorldConfig, out_dir: Path) -> list[str]:
+    """Components missing on disk or built with other settings (their key differs)."""
+    built = read_manifest(out_dir).get("components", {})
+    keys = component_keys(config)
+    return [n for n in COMPONENTS if built.get(n, {}).get("key") != keys[n] or not (Path(out_dir) / n).is_dir()]
+
+
+def build_world(config: WorldConfig, out_dir: Path, force: bool = False, log: Callable[[str], None] = print) -> dict:
+    """Build what is missing or stale, skip what exists with the same settings; returns the manifest.
+
+    The manifest is rewritten after every component, so a failure keeps everything built before it.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    todo = COMPONENTS if force else stale_components(config, out_dir)
+    keys = component_keys(config)
+    record = read_manifest(out_dir)
+    components = {n: v for n, v in record.get("components", {}).items() if n not in todo and n in COMPONENTS}
+    with AnswerChecker() as checker:
+        ctx = _Context(config, out_dir, checker)
+        for name in COMPONENTS:
+            if name not in todo:
+                log(f"[world] {name}: up to date")
+                continue
+            shutil.rmtree(out_dir / name, ignore_errors=True)
+            start = time.perf_counter()
+            info = BUILDERS[name](ctx)
+            components[name] = {"key": keys[name], "seconds": round(time.perf_counter() - start, 1), **info}
+            log(f"[world] {name}: built in {components[name]['seconds']} s")
+            write_json_atomic(out_dir / "manifest.json", manifest(config=asdict(config), components=components))
+    return read_manifest(out_dir)

@@ -1,0 +1,78 @@
+"""Run one jupytext py:percent notebook with papermill (papermill cannot read .py sources itself)."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jupytext
+import nbformat
+import papermill
+from nbclient.exceptions import DeadKernelError
+from papermill.exceptions import PapermillExecutionError
+
+KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
+
+
+class NotebookFailed(RuntimeError):
+    """A notebook raised (or its kernel died); the executed notebook with the error is at `output`."""
+
+    def __init__(self, source: Path, output: Path, error: str):
+        super().__init__(f"{source} failed: {error} (executed notebook: {output})")
+        self.source = source
+        self.output = output
+        self.error = error
+
+
+def read_source(source: Path) -> nbformat.NotebookNode:
+    """A py:percent source as a notebook bound to the python3 kernel."""
+    if not source.is_file():
+        raise FileNotFoundError(f"notebook source {source} does not exist")
+    notebook = jupytext.read(source, fmt="py:percent")
+    notebook.metadata["kernelspec"] = dict(KERNELSPEC)
+    notebook.metadata.setdefault("language_info", {"name": "python"})
+    return notebook
+
+
+def convert(source: Path, dest: Path) -> Path:
+    """Write a py:percent source as an .ipynb (what papermill reads)."""
+    jupytext.write(read_source(Path(source)), dest, fmt="ipynb")
+    return Path(dest)
+
+
+def _describe(exc: PapermillExecutionError | DeadKernelError) -> str:
+    """A one-line description of the failing cell's error."""
+    if isinstance(exc, PapermillExecutionError):
+        return f"cell {exc.exec_count}: {exc.ename}: {exc.evalue}"
+    return f"the kernel died: {exc}"
+
+
+def execute_notebook(
+    source: Path,
+    output: Path,
+    parameters: dict[str, Any],
+    cwd: Path | None = None,
+    log_output: bool = False,
+) -> None:
+    """Execute a py:percent notebook with parameters; the executed notebook lands at output, even on failure."""
+    source, output = Path(source), Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp_name = tempfile.mkstemp(prefix=f".{source.stem}-", suffix=".ipynb", dir=output.parent)
+    os.close(handle)
+    try:
+        convert(source, Path(temp_name))
+        papermill.execute_notebook(
+            temp_name,
+            str(output),
+            parameters=parameters,
+            kernel_name="python3",
+            cwd=str(cwd) if cwd is not None else None,
+            progress_bar=False,
+            log_output=log_output,
+            request_save_on_cell_execute=True,
+        )
+    except (PapermillExecutionError, DeadKernelError) as exc:
+        raise NotebookFailed(source, output, _describe(exc)) from exc
+    finally:
+        Path(temp_name).unlink(missing_ok=True)

@@ -1,0 +1,118 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Analysis: does the LoRA rank needed to match FullFT grow with reward density?
+#
+# This notebook joins the finished cells of one profile (`<outputs_dir>/cells/<regime>-r<rank|full>-s<seed>/`,
+# finished when `summary.json` exists) into the study's tables and figures, and writes a markdown report.
+# A partial matrix is fine: tables show what exists and comparisons that cannot be made say why.
+# All logic lives in `reward_density.analysis` and `reward_density.statistics`; this notebook only calls it.
+
+# %% tags=["parameters"]
+profile = "smoke"
+outputs_dir = "outputs/smoke"
+equivalence_margin = 0.05
+bootstrap_samples = 2000
+confidence = 0.95
+
+# %%
+from pathlib import Path
+
+from IPython.display import Image, Markdown, display
+
+from reward_density import analysis
+from reward_density.params import REPO_ROOT
+
+report_dir = REPO_ROOT / outputs_dir  # relative paths are taken from the repository root
+cells = analysis.load_cells(report_dir)  # tables, figures/ and report.md are written beside cells/
+
+# %%
+# NBVAL_CHECK_OUTPUT
+counts = analysis.matrix_counts(cells)
+print(f"{counts['finished']} finished cells of a {counts['regimes']} x {counts['arms']} x {counts['seeds']} matrix")
+print("regimes:", ", ".join(analysis.regimes(cells)), "| arms:", ", ".join(analysis.arms(cells)))
+
+# %% [markdown]
+# ## Accuracy
+#
+# Greedy pass@1 on the held-out set at the end of training, mean ± sd over seeds, for each regime (rows) and
+# arm (columns: LoRA ranks ascending, then FullFT). `base` is the model before training. The process regime
+# is shown twice: at its best evaluation during training (peak) and at the end, since the paper reports it
+# collapsing late in training.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+accuracy = analysis.accuracy_table(cells)
+print(accuracy.markdown)
+
+# %% [markdown]
+# ## Equivalence of each LoRA rank with FullFT
+#
+# "Inside ±1 sd" is not a test. Here each LoRA arm is paired with FullFT by seed and held-out problem at the
+# final evaluation; the CI of the mean difference comes from a two-way bootstrap over seeds and problems, and
+# TOST declares equivalence when the (1 − 2α) CI lies inside ±margin (α = 1 − confidence). "Different" means
+# the confidence CI excludes 0 without equivalence being shown; anything else is "inconclusive".
+
+# %%
+# NBVAL_CHECK_OUTPUT
+equivalence = analysis.equivalence_table(cells, equivalence_margin, confidence, bootstrap_samples)
+print(equivalence.markdown)
+
+# %% [markdown]
+# ## Pass@1 vs rank
+#
+# One panel per regime: LoRA's final pass@1 against rank (log scale), FullFT's mean with a ±1 sd band, the
+# base as a dashed line. If the needed rank grows with density, the LoRA curve should reach the FullFT band
+# at higher ranks for denser rewards (outcome < process < distillation).
+
+# %%
+figures = report_dir / "figures"
+analysis.plot_pass1_vs_rank(cells, figures / "pass1_vs_rank.png");
+display(Image(figures / "pass1_vs_rank.png"))
+
+# %% [markdown]
+# ## Peak advantage std
+#
+# The largest per-step advantage std of each cell (dots), averaged per regime (bars): how strongly each
+# reward pushes the policy. The paper reports 0.64 (outcome), 1.00 (distillation) and 9.05 (process).
+
+# %%
+analysis.plot_peak_advantage_std(cells, figures / "peak_advantage_std.png");
+display(Image(figures / "peak_advantage_std.png"))
+
+# %% [markdown]
+# ## Process-reward collapse
+#
+# Held-out pass@1 and the fraction of truncated rollouts over training, per arm (mean over seeds). The paper
+# sees the process regime collapse between steps 60 and 80 as rollouts grow to the length cap.
+
+# %%
+analysis.plot_process_collapse(cells, figures / "process_collapse.png");
+display(Image(figures / "process_collapse.png"))
+
+# %% [markdown]
+# ## Pass@1 over training
+#
+# One panel per regime, one line per arm (mean over seeds), with the base model's pass@1 as the anchor.
+
+# %%
+analysis.plot_pass1_over_training(cells, figures / "pass1_over_training.png");
+display(Image(figures / "pass1_over_training.png"))
+
+# %% [markdown]
+# ## Report
+#
+# The tables (CSV and markdown), the figures and `report.md` tying them together, under `<outputs_dir>/analysis/`.
+
+# %%
+report = analysis.write_report(cells, report_dir, equivalence_margin, confidence, bootstrap_samples, profile)
+print(report)
+display(Markdown(report.read_text()))

@@ -1,0 +1,46 @@
+"""Re-execute the golden notebooks of the smoke profile (run after changing a notebook or what it prints).
+
+    .venv/bin/python tests/golden/regenerate.py
+
+nbval (`./run_all.sh test`) re-runs each golden notebook and compares the cells marked
+`# NBVAL_CHECK_OUTPUT`. Paths are relative to the repository root, so the goldens run from any checkout;
+the cells write under outputs/golden/ (git-ignored).
+"""
+from pathlib import Path
+
+from reward_density.mini_world import build_world, world_config
+from reward_density.notebook_exec import execute_notebook
+from reward_density.params import REPO_ROOT, load_profile
+
+HERE = Path(__file__).resolve().parent
+WORLD = "outputs/smoke/world"
+GOLDEN_CELLS = ("outcome", 1), ("process", 2), ("distillation", "full")
+
+
+def cell_parameters(regime: str, rank) -> dict:
+    """The smoke profile's cell parameters, with relative paths."""
+    profile = load_profile(REPO_ROOT / "params" / "smoke.yaml")
+    lr = profile.matrix.learning_rate["full" if rank == "full" else "lora"]
+    return {**profile.cell, "regime": regime, "rank": rank, "seed": 0, "learning_rate": lr, "profile": "smoke",
+            **{k: f"{WORLD}/{k}" for k in ("student", "teacher", "prm", "problems")},
+            "out_dir": f"outputs/golden/cells/{regime}-r{rank}-s0"}
+
+
+def goldens() -> list[tuple[str, str, dict]]:
+    """(golden file, notebook source, parameters), in the order nbval runs them (alphabetical)."""
+    runs = [("01_build_world.ipynb", "build_world.py", {"size": "smoke", "out_dir": WORLD}),
+            ("02_capability_baseline.ipynb", "capability_baseline.py",
+             {**{k: f"{WORLD}/{k}" for k in ("student", "teacher", "problems")}, "out_dir": "outputs/golden/baseline",
+              "ks": [1, 2, 4], "max_new_tokens": 16})]
+    runs += [(f"{3 + i:02d}_train_{regime}_r{rank}.ipynb", "train_cell.py", cell_parameters(regime, rank))
+             for i, (regime, rank) in enumerate(GOLDEN_CELLS)]
+    runs.append(("06_analysis.ipynb", "analysis.py",
+                 {"profile": "smoke", "outputs_dir": "outputs/golden", "bootstrap_samples": 200}))
+    return runs
+
+
+if __name__ == "__main__":
+    build_world(world_config("smoke"), REPO_ROOT / WORLD)
+    for golden, source, parameters in goldens():
+        print(f"{source} -> {golden}")
+        execute_notebook(REPO_ROOT / "notebooks" / source, HERE / golden, parameters, cwd=REPO_ROOT)

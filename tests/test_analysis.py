@@ -1,0 +1,165 @@
+"""Analysis over synthetic cell folders: loading, tables, figures and the report."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from reward_density import analysis
+from reward_density.analysis import accuracy_table, equivalence_table, load_cells, write_report
+
+N_PROBLEMS = 10
+BASE = 3  # problems the base model solves
+
+
+def write_cell(outputs, regime, rank, seed, final, peak=None, adv_std=1.0, finished=True):
+    """One cell folder: evals at steps 0, 2, 4 solving BASE, peak and final of N_PROBLEMS problems."""
+    name = f"{regime}-r{rank if rank else 'full'}-s{seed}"
+    folder = outputs / "cells" / name
+    folder.mkdir(parents=True)
+    solved = {0: BASE, 2: final if peak is None else peak, 4: final}
+    (folder / "params.json").write_text(json.dumps(
+        {"regime": regime, "rank": rank or "full", "seed": seed, "steps": 4, "student": {"hidden_size": 128}}
+    ))
+    extra = {"process/steps_mean": 3.0} if regime == "process" else {"outcome/correct": 0.5}
+    pd.DataFrame(
+        [{"step": s, "loss": 0.1, "reward_mean": 0.5, "advantage_std": adv_std, "frac_truncated": s / 10, **extra} for s in range(1, 5)]
+    ).to_csv(folder / "history.csv", index=False)
+    pd.DataFrame(
+        [{"step": s, "pass1": k / N_PROBLEMS, "len_mean": 20.0, "frac_truncated": 0.0, "frac_answered": 1.0} for s, k in solved.items()]
+    ).to_csv(folder / "evals.csv", index=False)
+    pd.DataFrame([
+        {"step": s, "problem_id": f"{i:03d}", "correct": i < k, "verdict": "correct" if i < k else "wrong",
+         "length": 20, "answered": True, "truncated": False}
+        for s, k in solved.items() for i in range(N_PROBLEMS)
+    ]).to_csv(folder / "answers.csv", index=False)
+    if finished:
+        (folder / "summary.json").write_text(json.dumps({
+            "cell": name, "regime": regime, "rank": rank, "seed": seed, "learning_rate": 1e-4, "steps": 4,
+            "base_pass1": BASE / N_PROBLEMS, "final_pass1": final / N_PROBLEMS,
+            "peak_pass1": max(solved.values()) / N_PROBLEMS, "peak_step": 2, "peak_advantage_std": adv_std,
+            "wall_seconds": 1.0,
+        }))
+    return folder
+
+
+# Problems solved at the end: {regime: {arm rank (None = FullFT): [seed 0, seed 1]}}.
+FINAL = {
+    "outcome": {1: [4, 6], 2: [5, 5], None: [6, 8]},
+    "process": {1: [2, 4], 2: [3, 3], None: [1, 3]},
+}
+PROCESS_PEAK = 7
+
+
+@pytest.fixture
+def outputs(tmp_path):
+    """2 regimes x ranks {1, 2} + FullFT x 2 seeds, and one unfinished folder."""
+    for regime, arms in FINAL.items():
+        for rank, finals in arms.items():
+            for seed, final in enumerate(finals):
+                peak = PROCESS_PEAK - seed if regime == "process" else None
+                write_cell(tmp_path, regime, rank, seed, final, peak=peak, adv_std=9.0 if regime == "process" else 0.6)
+    write_cell(tmp_path, "outcome", 4, 0, 9, finished=False)
+    return tmp_path
+
+
+def value(table, row, arm, column="mean"):
+    frame = table.frame
+    return frame.loc[(frame["row"] == row) & (frame["arm"] == arm), column].item()
+
+
+def test_load_ignores_unfinished_cells(outputs):
+    cells = load_cells(outputs)
+    assert len(cells.summaries) == 12 and cells.unfinished == ("outcome-r4-s0",)
+    assert set(cells.answers["cell"]) == set(cells.summaries["cell"])
+    assert str(cells.summaries["rank"].dtype) == "Int64" and cells.summaries["rank"].isna().sum() == 4
+    assert analysis.arms(cells) == ["r1", "r2", "full"] and analysis.regimes(cells) == ["outcome", "process"]
+    assert set(cells.answers["correct"]) == {0, 1} and cells.answers["problem_id"].iloc[0] == "000"
+    assert {"process/steps_mean", "outcome/correct"} <= set(cells.history.columns)
+
+
+def test_no_finished_cell_is_a_clear_error(tmp_path):
+    write_cell(tmp_path, "outcome", 1, 0, 5, finished=False)
+    with pytest.raises(FileNotFoundError, match="no finished cell"):
+        load_cells(tmp_path)
+
+
+def test_accuracy_table_means_and_sds(outputs):
+    table = accuracy_table(load_cells(outputs))
+    assert list(dict.fromkeys(table.frame["row"])) == ["outcome", "process (peak)", "process (end)"]
+    assert value(table, "outcome", "r1") == pytest.approx(0.5)
+    assert value(table, "outcome", "r1", "sd") == pytest.approx(np.std([0.4, 0.6], ddof=1))
+    assert value(table, "outcome", "full") == pytest.approx(0.7)
+    assert value(table, "outcome", "base") == pytest.approx(0.3) and value(table, "outcome", "base", "sd") == 0
+    assert value(table, "process (end)", "r2") == pytest.approx(0.3)
+    assert value(table, "outcome", "r2", "n") == 2
+    assert "| outcome | 0.300 ± 0.000 | 0.500 ± 0.141 | 0.500 ± 0.000 | 0.700 ± 0.141 | 2 |" in table.markdown
+
+
+def test_process_peak_row_is_the_max_over_evals(outputs):
+    table = accuracy_table(load_cells(outputs))
+    # Peaks are 7 and 6 of 10 at step 2, above both the base (3) and the finals.
+    for arm in ("r1", "r2", "full"):
+        assert value(table, "process (peak)", arm) == pytest.approx(0.65)
+        assert value(table, "process (peak)", arm, "sd") == pytest.approx(np.std([0.7, 0.6], ddof=1))
+
+
+def test_equivalence_table_pairs_final_answers(outputs):
+    table = equivalence_table(load_cells(outputs), margin=0.05, n_boot=300)
+    frame = table.frame
+    assert list(zip(frame["regime"], frame["arm"])) == [("outcome", "r1"), ("outcome", "r2"), ("process", "r1"), ("process", "r2")]
+    assert frame["n_pairs"].tolist() == [20] * 4
+    outcome_r1 = frame.iloc[0]
+    assert outcome_r1["estimate"] == pytest.approx(np.mean([4 - 6, 6 - 8]) / N_PROBLEMS)
+    assert outcome_r1["ci_low"] <= outcome_r1["estimate"] <= outcome_r1["ci_high"]
+    assert set(frame["verdict"]) <= {"equivalent", "different", "inconclusive"}
+    assert frame.iloc[2]["estimate"] == pytest.approx(0.1)
+
+
+def test_report_and_every_figure_are_written_deterministically(outputs, tmp_path):
+    cells = load_cells(outputs)
+    out = tmp_path / "analysis"
+    report = write_report(cells, out, margin=0.05, confidence=0.95, n_boot=200, profile_name="smoke")
+    names = ["accuracy.csv", "accuracy.md", "equivalence.csv", "report.md"]
+    names += [f"figures/{f}.png" for f in analysis.FIGURES]
+    first = {n: (out / n).read_bytes() for n in names}
+    assert report == out / "report.md" and all(first.values())
+    text = report.read_text()
+    assert "Finished cells: 12 of 16" in text and "±0.05" in text and "d = 128" in text and "r2 = d/64" in text
+    assert "figures/process_collapse.png" in text
+    write_report(cells, out, margin=0.05, confidence=0.95, n_boot=200, profile_name="smoke")
+    assert {n: (out / n).read_bytes() for n in names} == first
+
+
+def test_one_seed_without_fullft_still_reports(tmp_path):
+    for rank in (1, 4):
+        write_cell(tmp_path, "distillation", rank, 0, 5 + rank // 4)
+    cells = load_cells(tmp_path)
+    table = accuracy_table(cells)
+    assert "0.500 (n=1)" in table.markdown and "full" not in table.frame["arm"].tolist()
+    equivalence = equivalence_table(cells, margin=0.05, n_boot=100)
+    assert equivalence.frame["verdict"].tolist() == ["skipped", "skipped"]
+    assert equivalence.frame["reason"].str.contains("no finished FullFT").all()
+    report = write_report(cells, tmp_path / "analysis", margin=0.05, n_boot=100, profile_name="tiny")
+    assert "skipped: no finished FullFT" in report.read_text()
+    assert all((tmp_path / "analysis" / "figures" / f"{f}.png").is_file() for f in analysis.FIGURES)
+
+
+def test_fullft_without_shared_seed_is_skipped_with_reason(tmp_path):
+    write_cell(tmp_path, "outcome", 1, 0, 5)
+    write_cell(tmp_path, "outcome", None, 1, 5)
+    frame = equivalence_table(load_cells(tmp_path), margin=0.05, n_boot=100).frame
+    assert frame["verdict"].tolist() == ["skipped"] and frame["reason"].item() == "no seed shared with FullFT"
+
+
+@pytest.mark.parametrize("setup", [
+    [("process", None, 0, 5)],
+    [("outcome", 1, 0, 5), ("outcome", 8, 1, 6), ("process", None, 3, 4)],
+    [("distillation", 2, 0, 5), ("distillation", None, 0, 5)],
+], ids=["fullft-only", "regime-without-lora", "one-pair"])
+def test_partial_matrices_still_report(tmp_path, setup):
+    for cell in setup:
+        write_cell(tmp_path, *cell)
+    report = write_report(load_cells(tmp_path), tmp_path / "analysis", margin=0.05, n_boot=50, profile_name="partial")
+    assert report.is_file()
+    assert all((tmp_path / "analysis" / "figures" / f"{f}.png").is_file() for f in analysis.FIGURES)

@@ -1,0 +1,183 @@
+"""The mini world: the task's golds verify, a smoke world builds, reloads through from_pretrained and feeds every reward."""
+import json
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, MistralForCausalLM, Qwen3ForCausalLM
+
+from reward_density.answer_check import AnswerChecker, Verdict
+from reward_density.arithmetic import (
+    ANSWER_LINE,
+    TaskConfig,
+    clean_trace,
+    make_splits,
+    problem_of,
+    realistic_trace,
+    sample_expression,
+)
+from reward_density.mini_world import build_world, component_keys, stale_components, world_config, WorldBuildError
+from reward_density.models import load_causal_lm, load_tokenizer
+from reward_density.problems import read_problems
+from reward_density.rewards import build_reward
+from reward_density.rewards.process import PRMScorer
+from reward_density.sampler import SamplingConfig, sample_rollout
+from reward_density.steps import split_steps
+
+
+# ------------------------------------------------------------------------------------ the task
+
+
+@pytest.mark.parametrize("operations", ["+-", "+-*"])
+def test_every_gold_answer_verifies_against_its_own_clean_trace(operations):
+    config = TaskConfig(operations=operations, max_digits=3, max_operands=4)
+    train, heldout = make_splits(config, 300, 50, seed=1)
+    problems = [problem_of(e, str(i)) for i, e in enumerate(train + heldout)]
+    traces = [clean_trace(e) for e in train + heldout]
+    with AnswerChecker() as checker:
+        verdicts = checker.check([p.answer for p in problems], traces)
+    failures = [(p.prompt, t) for p, t, v in zip(problems, traces, verdicts) if v is not Verdict.CORRECT]
+    assert not failures, f"{len(failures)} golds do not verify against their own trace, e.g. {failures[:2]}"
+
+
+def test_clean_trace_is_one_step_per_line_then_the_boxed_answer():
+    expression = sample_expression(random.Random(0), TaskConfig(min_operands=4, max_operands=4))
+    lines = clean_trace(expression).split("\n")
+    assert len(lines) == 4 and lines[-1] == ANSWER_LINE.format(value=expression.answer)
+    assert [int(line.split("= ")[1]) for line in lines[:-1]] == expression.values()
+
+
+def test_splits_are_disjoint_and_fixed_by_seed():
+    train, heldout = make_splits(TaskConfig(), 500, 100, seed=3)
+    assert not {e.text for e in train} & {e.text for e in heldout}
+    assert make_splits(TaskConfig(), 500, 100, seed=3) == (train, heldout)
+    assert make_splits(TaskConfig(), 500, 100, seed=4) != (train, heldout)
+
+
+def test_realism_settings_put_their_imperfections_in_the_traces():
+    rng = random.Random(0)
+    expression = sample_expression(rng, TaskConfig())
+    wrong = realistic_trace(rng, expression, TaskConfig(p_wrong_step=1, p_redundant=0, p_ramble=0))
+    assert wrong.split("\n")[-1] != ANSWER_LINE.format(value=expression.answer), "a slip must reach the answer"
+    rambling = realistic_trace(rng, expression, TaskConfig(p_wrong_step=0, p_redundant=0, p_ramble=1))
+    assert not rambling.split("\n")[-1].startswith("Answer:"), "rambling goes on after the answer line"
+    redundant = realistic_trace(rng, expression, TaskConfig(p_wrong_step=0, p_redundant=1, p_ramble=0))
+    assert "So far:" in redundant
+    clean = realistic_trace(rng, expression, TaskConfig(p_wrong_step=0, p_redundant=0, p_ramble=0))
+    assert clean == clean_trace(expression)
+
+
+def test_task_settings_are_validated():
+    with pytest.raises(ValueError, match="operations"):
+        TaskConfig(operations="+/")
+    with pytest.raises(ValueError, match="p_ramble"):
+        TaskConfig(p_ramble=1.5)
+    with pytest.raises(ValueError, match="too few distinct problems"):
+        make_splits(TaskConfig(max_digits=1, min_operands=2, max_operands=2, operations="+"), 500, 10, seed=0)
+
+
+def test_world_overrides_name_unknown_settings():
+    assert world_config("smoke", student={"hidden": 64}).student.hidden == 64
+    with pytest.raises(ValueError, match=r"unknown world setting student\.width"):
+        world_config("smoke", student={"width": 64})
+    with pytest.raises(ValueError, match="unknown world size"):
+        world_config("huge")
+
+
+# ------------------------------------------------------------------------------------ a built world
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("world")
+    manifest = build_world(world_config("smoke"), folder, log=lambda line: None)
+    return folder, manifest
+
+
+def test_the_manifest_records_settings_accuracies_sizes_and_commit(world):
+    folder, manifest = world
+    assert json.loads((folder / "manifest.json").read_text()) == manifest
+    components = manifest["components"]
+    assert set(components) == {"problems", "tokenizer", "student", "teacher", "prm"}
+    for name in ("student", "teacher"):
+        assert 0 <= components[name]["accuracy"] <= 1 and components[name]["parameters"] > 0
+    assert {"accuracy", "majority_baseline", "steps"} <= set(components["prm"]["heldout"])
+    assert manifest["config"]["seed"] == 0 and "commit" in manifest["git"]
+
+
+def test_a_built_world_loads_back_through_from_pretrained(world):
+    folder, _ = world
+    assert isinstance(AutoModelForCausalLM.from_pretrained(folder / "student"), Qwen3ForCausalLM)
+    assert isinstance(AutoModelForCausalLM.from_pretrained(folder / "teacher"), Qwen3ForCausalLM)
+    assert isinstance(AutoModelForCausalLM.from_pretrained(folder / "prm"), MistralForCausalLM)
+    student_tok, prm_tok = load_tokenizer(folder / "student"), load_tokenizer(folder / "prm")
+    for tok in (student_tok, prm_tok):
+        assert None not in (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
+    assert load_tokenizer(folder / "teacher").get_vocab() == student_tok.get_vocab(), "teacher shares the vocabulary"
+    assert student_tok.get_vocab() != prm_tok.get_vocab(), "the PRM has its own tokenizer, as Math-Shepherd's"
+    assert len(read_problems(folder / "problems" / "heldout.jsonl")) == world_config("smoke").n_heldout
+
+
+@pytest.fixture(scope="module")
+def student_rollout(world):
+    folder, _ = world
+    tokenizer = load_tokenizer(folder / "student")
+    student = load_causal_lm(folder / "student")
+    problems = read_problems(folder / "problems" / "train.jsonl")[:3]
+    return sample_rollout(student, tokenizer, problems, 2, SamplingConfig(24, temperature=1.0), seed=0), tokenizer
+
+
+def test_the_prm_gives_exactly_one_probability_per_step(world, student_rollout):
+    folder, _ = world
+    rollout, _ = student_rollout
+    scorer = PRMScorer(load_causal_lm(folder / "prm"), load_tokenizer(folder / "prm"))
+    steps = [[s.text for s in split_steps(text)] for text in rollout.completions]
+    scores, lost = scorer.score_batch(list(rollout.prompts), steps)
+    assert [len(s) for s in scores] == [len(s) for s in steps] and lost == [0] * len(steps)
+    assert all(0 <= p <= 1 for row in scores for p in row)
+
+
+def test_every_reward_runs_on_samples_from_the_built_student(world, student_rollout):
+    folder, _ = world
+    rollout, tokenizer = student_rollout
+    with AnswerChecker() as checker:
+        parts = {
+            "checker": checker,
+            "prm_model": load_causal_lm(folder / "prm"),
+            "prm_tokenizer": load_tokenizer(folder / "prm"),
+            "student_tokenizer": tokenizer,
+            "teacher": load_causal_lm(folder / "teacher"),
+            "temperature": 1.0,
+        }
+        for regime in ("outcome", "process", "distillation"):
+            deposits = build_reward(regime, **parts)(rollout)
+            assert deposits.token_rewards.shape == rollout.completion_ids.shape, regime
+            assert torch.isfinite(deposits.token_rewards).all(), regime
+
+
+def test_an_up_to_date_world_is_skipped_and_a_changed_setting_rebuilds_only_what_depends_on_it(world):
+    folder, manifest = world
+    assert stale_components(world_config("smoke"), folder) == []
+    lines = []
+    assert build_world(world_config("smoke"), folder, log=lines.append)["components"] == manifest["components"]
+    assert all(line.endswith("up to date") for line in lines)
+    changed = world_config("smoke", prm_training={"steps": 11})
+    assert stale_components(changed, folder) == ["prm"]
+    assert component_keys(changed)["student"] == component_keys(world_config("smoke"))["student"]
+
+
+def test_the_same_seed_builds_the_same_world(world, tmp_path):
+    folder, manifest = world
+    again = build_world(world_config("smoke"), tmp_path, log=lambda line: None)
+    for name in ("student", "teacher"):
+        assert again["components"][name]["accuracy"] == manifest["components"][name]["accuracy"]
+        first, second = load_causal_lm(folder / name).state_dict(), load_causal_lm(tmp_path / name).state_dict()
+        assert all(torch.equal(first[k], second[k]) for k in first), f"{name} weights differ between builds"
+    assert again["components"]["prm"]["heldout"] == manifest["components"]["prm"]["heldout"]
+
+
+def test_a_student_that_misses_its_target_stops_the_build_and_keeps_what_was_built(tmp_path):
+    config = world_config("smoke", student_target=0.9, student_tolerance=0.05)
+    with pytest.raises(WorldBuildError, match="not within 0.05 of its target 0.9"):
+        build_world(config, tmp_path, log=lambda line: None)
+    assert set(json.loads((tmp_path / "manifest.json").read_text())["components"]) == {"problems", "tokenizer"}

@@ -1,0 +1,66 @@
+"""The smoke study end to end through the runner: real notebooks, a real (tiny) world, kill and resume."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from reward_density.params import REPO_ROOT, load_profile
+from reward_density.runner import main
+
+SMOKE = load_profile(REPO_ROOT / "params" / "smoke.yaml")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """A project root whose notebooks and params are the real ones, with its own outputs/."""
+    root = tmp_path_factory.mktemp("project")
+    for name in ("notebooks", "params"):
+        (root / name).symlink_to(REPO_ROOT / name)
+    assert main(["--profile", "smoke", "--root", str(root), "--stages", "world"]) == 0
+    return root
+
+
+def summaries(root: Path) -> dict[str, int]:
+    """Cell name -> summary.json mtime, for every finished smoke cell."""
+    return {p.parent.name: p.stat().st_mtime_ns for p in (root / "outputs/smoke/cells").glob("*/summary.json")}
+
+
+def test_a_killed_run_resumes_without_rerunning_finished_cells(root):
+    command = [sys.executable, "-m", "reward_density.runner", "--profile", "smoke", "--root", str(root),
+               "--stages", "cells"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while len(summaries(root)) < 2 and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)  # the hardest kill: no cleanup runs anywhere
+    process.wait()
+    before = summaries(root)
+    assert 2 <= len(before) < len(SMOKE.cells()), f"the kill should land mid-run, {len(before)} cells were done"
+    for folder in (root / "outputs/smoke/cells").iterdir():
+        if (folder / "summary.json").exists():
+            assert {"params.json", "history.csv", "evals.csv", "answers.csv", "manifest.json"} <= {
+                p.name for p in folder.iterdir()}, f"{folder.name} looks finished but misses files"
+
+    assert main(["--profile", "smoke", "--root", str(root), "--stages", "cells,analysis"]) == 0
+    after = summaries(root)
+    assert set(after) == {cell.name for cell in SMOKE.cells()}
+    assert {name: after[name] for name in before} == before, "a finished cell was run again"
+
+
+def test_the_analysis_of_the_smoke_study_writes_its_tables_and_report(root):
+    outputs = root / "outputs/smoke"
+    if not (outputs / "report.md").exists():
+        pytest.skip("needs the run of the previous test")
+    accuracy = pd.read_csv(outputs / "accuracy.csv")
+    assert set(accuracy["regime"]) >= {"outcome", "distillation"}
+    assert (outputs / "analysis.ipynb").is_file() and (outputs / "figures").is_dir()
+    cell = outputs / "cells" / "process-r1-s0"
+    history = pd.read_csv(cell / "history.csv")
+    assert list(history["step"]) == list(range(1, SMOKE.cell["steps"] + 1))
+    assert "process/steps_mean" in history.columns
+    assert (cell / "cell.ipynb").is_file()

@@ -1,0 +1,164 @@
+"""The matrix runner on a fake training notebook: skip, filter, failures, parallel cells, leftovers, kill and resume."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reward_density.notebook_exec import NotebookFailed
+from reward_density.params import REPO_ROOT, load_profile
+from reward_density.runner import cpu_count, main, run_matrix, run_stage, select_cells
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TRAIN = Path("notebooks/train_cell.py")
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch) -> Path:
+    """A project root with a 4-cell profile 'tiny' and the fake notebooks in place of the real ones."""
+    monkeypatch.delenv("FAKE_FAIL", raising=False)
+    monkeypatch.delenv("FAKE_SLEEP", raising=False)
+    data = yaml.safe_load((REPO_ROOT / "params" / "smoke.yaml").read_text())
+    data["profile"] = "tiny"
+    data["matrix"].update(regimes=["outcome", "process"], ranks=[1], seeds=[0])
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params" / "tiny.yaml").write_text(yaml.safe_dump(data))
+    (tmp_path / "notebooks").mkdir()
+    shutil.copy(FIXTURES / "fake_cell.py", tmp_path / TRAIN)
+    shutil.copy(FIXTURES / "fake_analysis.py", tmp_path / "notebooks" / "analysis.py")
+    return tmp_path
+
+
+def profile_of(root: Path):
+    """The validated tiny profile."""
+    return load_profile(root / "params" / "tiny.yaml")
+
+
+def cell_dir(root: Path, name: str) -> Path:
+    """A cell's output folder."""
+    return root / "outputs" / "tiny" / "cells" / name
+
+
+def read_json(path: Path) -> dict:
+    """A JSON file's content."""
+    return json.loads(path.read_text())
+
+
+def test_filter_globs(root):
+    profile = profile_of(root)
+    assert [c.name for c in select_cells(profile, None)] == [
+        "outcome-r1-s0", "outcome-rfull-s0", "process-r1-s0", "process-rfull-s0"]
+    assert [c.name for c in select_cells(profile, "*-rfull-*")] == ["outcome-rfull-s0", "process-rfull-s0"]
+    assert [c.name for c in select_cells(profile, "outcome-r1-*, process-*")] == [
+        "outcome-r1-s0", "process-r1-s0", "process-rfull-s0"]
+    with pytest.raises(ValueError, match="matches no cell of profile tiny"):
+        select_cells(profile, "distillation-*")
+
+
+def test_parallel_cells_run_then_skip(root, monkeypatch):
+    monkeypatch.setenv("FAKE_SLEEP", "1.5")
+    report = run_matrix(profile_of(root), root, TRAIN, cells_filter="outcome-*", jobs=2)
+    assert report.ok and sorted(report.finished) == ["outcome-r1-s0", "outcome-rfull-s0"]
+    lora, full = (cell_dir(root, name) for name in ("outcome-r1-s0", "outcome-rfull-s0"))
+    spans = [read_json(folder / "summary.json") for folder in (lora, full)]
+    assert max(s["started"] for s in spans) < min(s["ended"] for s in spans), "the two cells did not overlap"
+    params = read_json(full / "params.json")
+    assert params["rank"] == "full" and params["learning_rate"] == 3.0e-5 and params["steps"] == 2
+    assert params["out_dir"] == str(full) and params["cwd"] == str(root)
+    assert params["student"] == str(root / "outputs/smoke/world/student")
+    assert params["omp_num_threads"] == str(max(1, cpu_count() // 2))
+    assert sorted(p.name for p in full.iterdir()) == ["cell.ipynb", "params.json", "run.log", "summary.json"]
+    mtimes = {folder: (folder / "summary.json").stat().st_mtime_ns for folder in (lora, full)}
+    rerun = run_matrix(profile_of(root), root, TRAIN, cells_filter="outcome-*", jobs=2)
+    assert rerun.ok and rerun.finished == [] and rerun.skipped == ["outcome-r1-s0", "outcome-rfull-s0"]
+    assert {folder: (folder / "summary.json").stat().st_mtime_ns for folder in (lora, full)} == mtimes
+
+
+def test_failing_cell_does_not_stop_the_others(root, monkeypatch):
+    monkeypatch.setenv("FAKE_FAIL", "process-r1-*")
+    report = run_matrix(profile_of(root), root, TRAIN, cells_filter="process-*", jobs=2)
+    assert not report.ok and report.finished == ["process-rfull-s0"]
+    [failure] = report.failed
+    assert failure.name == "process-r1-s0"
+    assert "RuntimeError: fake failure in process-r1-s0" in failure.error
+    assert failure.notebook == cell_dir(root, "process-r1-s0") / "cell.ipynb" and failure.notebook.is_file()
+    assert "fake failure" in failure.log.read_text()
+    assert not (cell_dir(root, "process-r1-s0") / "summary.json").exists()
+
+
+def test_leftover_folder_is_cleared_and_rerun(root):
+    leftover = cell_dir(root, "outcome-r1-s0")
+    leftover.mkdir(parents=True)
+    (leftover / "junk.txt").write_text("from a killed run")
+    report = run_matrix(profile_of(root), root, TRAIN, cells_filter="outcome-r1-s0")
+    assert report.finished == ["outcome-r1-s0"]
+    assert not (leftover / "junk.txt").exists() and (leftover / "summary.json").is_file()
+
+
+def test_run_stage_failure_names_notebook_and_error(root, monkeypatch):
+    monkeypatch.setenv("FAKE_FAIL", "*")
+    output = root / "stage" / "out.ipynb"
+    with pytest.raises(NotebookFailed) as caught:
+        run_stage(root / TRAIN, output, {"out_dir": str(root / "stage")}, root)
+    message = str(caught.value)
+    assert "train_cell.py" in message and str(output) in message and "RuntimeError: fake failure" in message
+    assert output.is_file() and sorted(p.name for p in output.parent.iterdir()) == ["out.ipynb", "params.json"]
+
+
+def test_cli_bad_profile_exits_2_before_any_work(root, capsys):
+    (root / "params" / "tiny.yaml").write_text(
+        (root / "params" / "tiny.yaml").read_text().replace("- 1\n", "- 0\n", 1))
+    assert main(["--profile", "tiny", "--root", str(root)]) == 2
+    assert "tiny.yaml: matrix.ranks[0] = 0: expected a positive integer" in capsys.readouterr().err
+    assert not (root / "outputs").exists()
+
+
+def test_cli_missing_stage_notebook(root, capsys):
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "world"]) == 1
+    assert "notebooks/build_world.py does not exist" in capsys.readouterr().err
+
+
+def test_cli_analysis_stage(root, capsys):
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "analysis"]) == 0
+    outputs = root / "outputs" / "tiny"
+    report = read_json(outputs / "report.md")
+    assert report == {"profile": "tiny", "outputs_dir": str(outputs), "equivalence_margin": 0.05,
+                      "bootstrap_samples": 200, "confidence": 0.95, "finished": []}
+    assert str(outputs / "report.md") in capsys.readouterr().err
+
+
+def summaries(root: Path) -> dict[str, int]:
+    """Cell name -> summary.json mtime, for every finished cell."""
+    return {p.parent.name: p.stat().st_mtime_ns for p in (root / "outputs/tiny/cells").glob("*/summary.json")}
+
+
+def test_kill_and_resume(root, monkeypatch):
+    env = {**os.environ, "FAKE_SLEEP": "2"}
+    command = [sys.executable, "-m", "reward_density.runner", "--profile", "tiny", "--root", str(root),
+               "--stages", "cells"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not summaries(root) and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    try:
+        assert process.wait(timeout=20) == 130
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail("the runner ignored SIGTERM")
+    first = summaries(root)
+    assert list(first) == ["outcome-r1-s0"], process.stderr.read().decode()
+    for folder in (root / "outputs/tiny/cells").iterdir():
+        assert not (folder / "summary.json").exists() or (folder / "params.json").exists()
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells", "--jobs", "2"]) == 0
+    after = summaries(root)
+    assert sorted(after) == ["outcome-r1-s0", "outcome-rfull-s0", "process-r1-s0", "process-rfull-s0"]
+    assert after["outcome-r1-s0"] == first["outcome-r1-s0"]
