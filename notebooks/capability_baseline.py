@@ -20,6 +20,7 @@
 student = "outputs/mini/world/student"  # relative paths are taken from the repository root
 teacher = "outputs/mini/world/teacher"
 problems = "outputs/mini/world/problems"
+heldout = None  # a held-out problem file; None: <problems>/heldout.jsonl
 out_dir = "outputs/mini/baseline"
 ks = [1, 4, 8]
 temperature = 0.7
@@ -46,18 +47,18 @@ def local(path: str) -> Path:
 
 
 torch.manual_seed(seed)
-heldout = read_problems(local(problems) / "heldout.jsonl")
+heldout_problems = read_problems(local(heldout) if heldout else local(problems) / "heldout.jsonl")
 sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
 out = local(out_dir)
 out.mkdir(parents=True, exist_ok=True)
-print(f"{len(heldout)} held-out problems, {max(ks)} samples each at temperature {temperature}, top-p {top_p}")
+print(f"{len(heldout_problems)} held-out problems, {max(ks)} samples each at temperature {temperature}, top-p {top_p}")
 
 # %%
 rows = []
 with AnswerChecker() as checker:
     for name, path in (("student", student), ("teacher", teacher)):
         model = load_causal_lm(local(path), what=name)
-        rows.append(capability_row(name, model, load_tokenizer(local(path)), heldout, checker, sampling, ks, seed))
+        rows.append(capability_row(name, model, load_tokenizer(local(path)), heldout_problems, checker, sampling, ks, seed))
 table = pd.DataFrame(rows)
 table.to_csv(out / "capability.csv", index=False)
 (out / "capability.md").write_text(capability_markdown(table) + "\n")

@@ -21,13 +21,20 @@ def root(tmp_path_factory):
     root = tmp_path_factory.mktemp("project")
     for name in ("notebooks", "params"):
         (root / name).symlink_to(REPO_ROOT / name)
-    assert main(["--profile", "smoke", "--root", str(root), "--stages", "world"]) == 0
+    assert main(["--profile", "smoke", "--root", str(root), "--stages", "world,baseline"]) == 0
     return root
 
 
 def summaries(root: Path) -> dict[str, int]:
     """Cell name -> summary.json mtime, for every finished smoke cell."""
     return {p.parent.name: p.stat().st_mtime_ns for p in (root / "outputs/smoke/cells").glob("*/summary.json")}
+
+
+def test_the_capability_baseline_compares_student_and_teacher(root):
+    table = pd.read_csv(root / "outputs/smoke/baseline/capability.csv")
+    assert list(table["model"]) == ["student", "teacher"]
+    assert {"pass@1", "pass@4", "pass@8", "exploration_gap", "mean_length"} <= set(table.columns)
+    assert (root / "outputs/smoke/baseline/capability.png").is_file()
 
 
 def test_a_killed_run_resumes_without_rerunning_finished_cells(root):

@@ -32,9 +32,9 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from .notebook_exec import NotebookFailed, execute_notebook
-from .params import REPO_ROOT, Cell, Profile, find_profile, load_profile
+from .params import REPO_ROOT, Cell, Profile, find_profile, load_profile, resolve_world_entry
 
-STAGES = ("world", "cells", "analysis")
+STAGES = ("world", "baseline", "cells", "analysis")
 DONE_MARKER = "summary.json"
 FAILURE_PREFIX = "CELL FAILED: "
 STOP_GRACE_SECONDS = 10.0
@@ -269,6 +269,19 @@ def _stage_world(profile: Profile, root: Path) -> None:
     run_stage(root / "notebooks" / "build_world.py", output, parameters, root)
 
 
+def _stage_baseline(profile: Profile, root: Path) -> None:
+    """Student vs teacher capability (paper Table 2), once per profile: skipped when its table exists."""
+    out = root / "outputs" / profile.name / "baseline"
+    if (out / "capability.csv").exists():
+        print(f"baseline: {out / 'capability.csv'} exists; skipped", file=sys.stderr)
+        return
+    world = {k: resolve_world_entry(profile.world[k], root) for k in ("student", "teacher", "problems")}
+    sampling = {k: profile.cell[k] for k in ("temperature", "top_p", "max_new_tokens")}
+    parameters = {**world, **sampling, "heldout": profile.world.get("heldout"), "out_dir": str(out)}
+    print(f"baseline: notebooks/capability_baseline.py -> {out}", file=sys.stderr)
+    run_stage(root / "notebooks" / "capability_baseline.py", out / "capability_baseline.ipynb", parameters, root)
+
+
 def _stage_cells(profile: Profile, root: Path, cells_filter: str | None, jobs: int) -> RunReport:
     """Run the matrix and print its failures."""
     report = run_matrix(profile, root, root / "notebooks" / "train_cell.py", cells_filter, jobs)
@@ -303,7 +316,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cells", default=None, help="comma-separated globs on cell names, e.g. 'outcome-*,*-rfull-*'")
     parser.add_argument("--jobs", type=int, default=1, help="cells run at once (default 1)")
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help=f"project root (default {REPO_ROOT})")
-    parser.add_argument("--stages", type=_parse_stages, default=list(STAGES), help="default: world,cells,analysis")
+    parser.add_argument("--stages", type=_parse_stages, default=list(STAGES), help="default: " + ",".join(STAGES))
     parser.add_argument("--one-cell", metavar="SPEC_JSON", help=argparse.SUPPRESS)
     return parser
 
@@ -350,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("papermill").setLevel(logging.INFO)
+    papermill_log = logging.getLogger("papermill")
+    papermill_log.setLevel(logging.INFO)  # the stage notebooks' own output (world-building progress)
+    papermill_log.addFilter(lambda record: not record.getMessage().startswith(("Executing Cell", "Ending Cell")))
     try:
         return _run_stages(profile, root, args)
     except KeyboardInterrupt:
@@ -364,6 +379,8 @@ def _run_stages(profile: Profile, root: Path, args: argparse.Namespace) -> int:
     try:
         if "world" in args.stages:
             _stage_world(profile, root)
+        if "baseline" in args.stages:
+            _stage_baseline(profile, root)
         if "cells" in args.stages:
             ok = _stage_cells(profile, root, args.cells, args.jobs).ok
         if "analysis" in args.stages:
