@@ -66,7 +66,7 @@ def label_steps(
     n = config.rollouts_per_step
     per_batch = max(1, config.batch_size // n)
     good: list[bool] = []
-    for start in tqdm(range(0, len(prefixes), per_batch), desc="label steps", leave=False):
+    for start in tqdm(range(0, len(prefixes), per_batch), desc="label steps", leave=False, mininterval=2):
         batch = prefixes[start : start + per_batch]
         rollout = sample_rollout(completer, tokenizer, [p for _, p, _ in batch], n, sampling, seed + start)
         texts = [batch[i // n][2] + continuation for i, continuation in enumerate(rollout.completions)]
@@ -118,7 +118,7 @@ def train_prm(scorer: PRMScorer, data: Sequence[LabelledSolution], config: PRMTr
     candidates = torch.tensor(scorer.candidate_ids)
     losses = []
     model.train()
-    for _ in tqdm(range(config.steps), desc="train PRM", leave=False):
+    for _ in tqdm(range(config.steps), desc="train PRM", leave=False, mininterval=2):
         ids, mask, rows, cols, targets = _batch(scorer, rng.sample(list(data), min(config.batch_size, len(data))))
         logits = model(input_ids=ids, attention_mask=mask).logits[rows, cols][:, candidates]
         loss = torch.nn.functional.cross_entropy(logits.float(), targets)

@@ -67,7 +67,7 @@ def pretrain(
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config))
     history: list[tuple[int, float, float]] = [(0, float("nan"), evaluate(model))]
-    bar = tqdm(range(1, config.max_steps + 1), desc=desc, leave=False)
+    bar = tqdm(range(1, config.max_steps + 1), desc=desc, leave=False, mininterval=2)
     for step in bar:
         batch = collate([pairs[i] for i in torch.randint(len(pairs), (config.batch_size,), generator=generator)], pad_id)
         model.train()
