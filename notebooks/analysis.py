@@ -24,8 +24,6 @@ bootstrap_samples = 2000
 confidence = 0.95
 
 # %%
-from pathlib import Path
-
 from IPython.display import Image, Markdown, display
 
 from reward_density import analysis

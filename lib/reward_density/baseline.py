@@ -25,15 +25,18 @@ def capability_row(
     sampling: SamplingConfig,
     ks: Sequence[int],
     seed: int,
+    gap_k: int = 4,
 ) -> dict:
     """pass@k for each k from max(ks) samples per problem, the exploration gap and the mean length."""
+    if not {1, gap_k} <= set(ks):
+        raise ValueError(f"ks must include 1 and gap_k={gap_k} for the exploration gap, got {list(ks)}")
     scores, rows = sampled_pass_at_k(model, tokenizer, problems, checker, sampling, max(ks), ks, seed)
     lengths = [r["length"] for r in rows]
     return {
         "model": name,
         **{f"pass@{k}": scores[k] for k in ks},
-        # How much more a model finds when it may try k times: what RL can hope to pull into pass@1.
-        "exploration_gap": scores[max(ks)] - scores[min(ks)],
+        # The paper's pass@4 - pass@1: what a model finds when it may try again, which RL can pull into pass@1.
+        "exploration_gap": scores[gap_k] - scores[1],
         "mean_length": sum(lengths) / len(lengths),
         "frac_truncated": sum(r["truncated"] for r in rows) / len(rows),
     }
