@@ -222,10 +222,9 @@ def build_prm_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokeniz
 # ------------------------------------------------------------------------------------ models
 
 
-def new_qwen3(spec: ModelSpec, tokenizer, seed: int) -> Qwen3ForCausalLM:
-    """A freshly initialised Qwen3ForCausalLM of the given size for this tokenizer."""
-    torch.manual_seed(seed)
-    config = Qwen3Config(
+def _decoder_settings(spec: ModelSpec, tokenizer) -> dict[str, Any]:
+    """Config fields Qwen3 and Mistral share: size, 4 heads / 2 KV heads, MLP 2x wide, the special ids."""
+    return dict(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden,
         intermediate_size=2 * spec.hidden,
@@ -234,32 +233,22 @@ def new_qwen3(spec: ModelSpec, tokenizer, seed: int) -> Qwen3ForCausalLM:
         num_key_value_heads=2,
         head_dim=spec.hidden // 4,
         max_position_embeddings=spec.max_positions,
-        tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
-    return Qwen3ForCausalLM(config).eval()
+
+
+def new_qwen3(spec: ModelSpec, tokenizer, seed: int) -> Qwen3ForCausalLM:
+    """A freshly initialised Qwen3ForCausalLM of the given size for this tokenizer."""
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(Qwen3Config(**_decoder_settings(spec, tokenizer), tie_word_embeddings=False)).eval()
 
 
 def new_mistral(spec: ModelSpec, tokenizer, seed: int) -> MistralForCausalLM:
     """A freshly initialised MistralForCausalLM (Math-Shepherd's architecture) for the PRM tokenizer."""
     torch.manual_seed(seed)
-    config = MistralConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=spec.hidden,
-        intermediate_size=2 * spec.hidden,
-        num_hidden_layers=spec.layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=spec.hidden // 4,
-        max_position_embeddings=spec.max_positions,
-        sliding_window=None,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    return MistralForCausalLM(config).eval()
+    return MistralForCausalLM(MistralConfig(**_decoder_settings(spec, tokenizer), sliding_window=None)).eval()
 
 
 def n_parameters(model: torch.nn.Module) -> int:
