@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from IPython.display import Image, display
 
 from reward_density.answer_check import AnswerChecker
 from reward_density.baseline import capability_markdown, capability_row, plot_capability
@@ -71,7 +72,8 @@ table.to_csv(out / "capability.csv", index=False)
 print(capability_markdown(table))
 
 # %%
-plot_capability(table, out / "capability.png");
+plot_capability(table, out / "capability.png")
+display(Image(out / "capability.png"))
 
 # %%
 print(f"written: {out / 'capability.csv'}, {out / 'capability.md'}, {out / 'capability.png'}")

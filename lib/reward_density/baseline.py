@@ -3,17 +3,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from .analysis import markdown_table  # noqa: E402
-from .answer_check import AnswerChecker  # noqa: E402
-from .evaluation import sampled_pass_at_k  # noqa: E402
-from .problems import Problem  # noqa: E402
-from .sampler import SamplingConfig  # noqa: E402
+from .analysis import markdown_table
+from .answer_check import AnswerChecker
+from .evaluation import sampled_pass_at_k
+from .problems import Problem
+from .sampler import SamplingConfig
 
 
 def capability_row(

@@ -7,7 +7,6 @@ its presence means the cell is done.
 from __future__ import annotations
 
 import csv
-import json
 import random
 import time
 from collections.abc import Iterator
@@ -70,9 +69,8 @@ class CellConfig:
 
     def __post_init__(self) -> None:
         check_regime(self.regime)
-        for name in ("seed",):
-            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) or self.seed < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
         for name in ("steps", "prompts_per_step", "eval_every", "eval_problems", "eval_max_new_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -282,6 +280,3 @@ def train(config: CellConfig, inputs: CellInputs, policy: Policy, writer: CellWr
             pass1 = evaluate(step)
         bar.set_postfix(reward=f"{row['reward_mean']:.3f}", pass1=f"{pass1:.3f}", len=f"{row['len_mean']:.0f}")
 
-
-def read_summary(out_dir: str | Path) -> dict[str, Any]:
-    return json.loads((Path(out_dir) / SUMMARY).read_text())
