@@ -10,7 +10,7 @@ import csv
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +96,7 @@ class CellConfig:
             values["rank"] = None
         elif isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"rank must be a positive integer or 'full', got {rank!r}")
-        missing = sorted(f.name for f in fields(cls) if f.name not in values and f.default is not None
-                         and f.name not in ("profile", "heldout"))
+        missing = sorted(f.name for f in fields(cls) if f.name not in values and f.default is MISSING)
         if missing:
             raise ValueError(f"missing cell parameters {missing}")
         return cls(**values)

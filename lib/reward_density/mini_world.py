@@ -14,6 +14,7 @@ import random
 import shutil
 import string
 import time
+from functools import cached_property
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +24,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from .answer_check import AnswerChecker
-from .arithmetic import TaskConfig, clean_trace, make_splits, problem_of, realistic_trace
+from .arithmetic import Expression, TaskConfig, clean_trace, make_splits, problem_of, realistic_trace
 from .evaluation import greedy_eval
 from .models import load_causal_lm, load_tokenizer
 from .prm_training import (
@@ -198,7 +199,8 @@ def build_student_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTok
 def build_prm_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
     """A sentencepiece-style (Metaspace) BPE like Mistral's, knowing the step tag and the +/- tokens.
 
-    The corpus should already carry step tags; every printable ASCII character is in the alphabet.
+    Texts carrying step tags in the corpus teach it the tag token; every printable ASCII character is in
+    the alphabet, so no character of a completion is unknown.
     """
     bpe = Tokenizer(models.BPE(unk_token=PRM_SPECIALS["unk_token"]))
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
@@ -271,12 +273,14 @@ class _Context:
     def problems(self, split: str) -> list[Problem]:
         return read_problems(self.out_dir / "problems" / f"{split}.jsonl")
 
-    def expressions(self):
+    @cached_property
+    def expressions(self) -> tuple[list[Expression], list[Expression]]:
+        """The training and held-out expressions, drawn once per build."""
         return make_splits(self.config.task, self.config.n_train, self.config.n_heldout, self.config.seed)
 
 
 def _build_problems(ctx: _Context) -> dict[str, Any]:
-    train, heldout = ctx.expressions()
+    train, heldout = ctx.expressions
     for split, expressions in (("train", train), ("heldout", heldout)):
         problems = [problem_of(e, f"{split}-{i:05d}") for i, e in enumerate(expressions)]
         extra = [{"expression": e.text, "solution": clean_trace(e)} for e in expressions]
@@ -286,7 +290,7 @@ def _build_problems(ctx: _Context) -> dict[str, Any]:
 
 def _training_texts(ctx: _Context, clean: bool) -> tuple[list[str], list[str]]:
     """Prompts and traces of the training split: clean (teacher) or realistic (student)."""
-    train, _ = ctx.expressions()
+    train, _ = ctx.expressions
     rng = random.Random(ctx.config.seed)
     traces = [clean_trace(e) if clean else realistic_trace(rng, e, ctx.config.task) for e in train]
     return [problem_of(e, "").prompt for e in train], traces
