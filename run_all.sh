@@ -32,12 +32,13 @@ setup() {
   fi
 }
 
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export TOKENIZERS_PARALLELISM=false
 
 run_tests() {
-  # Offline by design: nothing in the suite may reach a model hub. --nbval-lax re-runs the golden
-  # notebooks under tests/golden and compares the outputs of cells marked NBVAL_CHECK_OUTPUT.
-  "$PY" -m pytest tests --nbval-lax --nbval-sanitize-with tests/golden/sanitize.cfg "$@"
+  # Offline by design: nothing in the suite may reach a model hub (datasets reads these at import).
+  # --nbval-lax re-runs the golden notebooks under tests/golden and compares the outputs of cells
+  # marked NBVAL_CHECK_OUTPUT.
+  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 "$PY" -m pytest tests --nbval-lax --nbval-sanitize-with tests/golden/sanitize.cfg "$@"
 }
 
 run_study() {

@@ -20,12 +20,18 @@
 student = "outputs/mini/world/student"  # relative paths are taken from the repository root
 teacher = "outputs/mini/world/teacher"
 problems = "outputs/mini/world/problems"
-heldout = None  # a held-out problem file; None: <problems>/heldout.jsonl
+heldout = None  # a held-out problem file or dataset; None: <problems>/heldout.jsonl
+prompt_template = None  # MATH-schema datasets (paper world): the prompt around each problem
+problem_subsets = None
 out_dir = "outputs/mini/baseline"
 ks = [1, 4, 8]
 temperature = 0.7
 top_p = 0.95
 max_new_tokens = 64
+batch_size = 8  # problems per sampling batch (each with max(ks) samples)
+device = "cpu"  # student
+teacher_device = "cpu"
+precision = "fp32"  # fp32 | bf16
 seed = 0
 
 # %%
@@ -38,28 +44,34 @@ from IPython.display import Image, display
 from reward_density.answer_check import AnswerChecker
 from reward_density.baseline import capability_markdown, capability_row, plot_capability
 from reward_density.models import load_causal_lm, load_tokenizer
-from reward_density.params import REPO_ROOT
-from reward_density.problems import read_problems
+from reward_density.params import REPO_ROOT, resolve_world_entry
+from reward_density.precision import autocast, frozen_dtype
+from reward_density.problem_sets import heldout_problems
 from reward_density.sampler import SamplingConfig
 
 
-def local(path: str) -> Path:
-    return Path(path) if Path(path).is_absolute() else REPO_ROOT / path
+def local(path):
+    """Local paths are taken from the repository root wherever Jupyter started; hub ids pass through."""
+    return None if path is None else resolve_world_entry(path, REPO_ROOT)
 
 
 torch.manual_seed(seed)
-heldout_problems = read_problems(local(heldout) if heldout else local(problems) / "heldout.jsonl")
+checker = AnswerChecker()
+problem_set = heldout_problems(local(problems), local(heldout), prompt_template, problem_subsets, checker)
 sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
-out = local(out_dir)
+out = Path(local(out_dir))
 out.mkdir(parents=True, exist_ok=True)
-print(f"{len(heldout_problems)} held-out problems, {max(ks)} samples each at temperature {temperature}, top-p {top_p}")
+print(f"{len(problem_set)} held-out problems, {max(ks)} samples each at temperature {temperature}, top-p {top_p}")
 
 # %%
 rows = []
-with AnswerChecker() as checker:
-    for name, path in (("student", student), ("teacher", teacher)):
-        model = load_causal_lm(local(path), what=name)
-        rows.append(capability_row(name, model, load_tokenizer(local(path)), heldout_problems, checker, sampling, ks, seed))
+for name, path, on in (("student", student, device), ("teacher", teacher, teacher_device)):
+    model = load_causal_lm(local(path), dtype=frozen_dtype(precision), device=on, what=name)
+    with autocast(on, precision):
+        rows.append(capability_row(name, model, load_tokenizer(local(path)), problem_set, checker, sampling, ks, seed,
+                                   batch_size=batch_size))
+    del model
+checker.close()
 table = pd.DataFrame(rows)
 table.to_csv(out / "capability.csv", index=False)
 (out / "capability.md").write_text(capability_markdown(table) + "\n")

@@ -36,6 +36,7 @@ loss_normalisation = "token_mean"  # token_mean | sequence_mean | constant
 eval_every = 1
 eval_problems = 8
 eval_max_new_tokens = 16
+eval_batch_size = 8
 lora_alpha = 32
 lora_dropout = 0.0
 weight_decay = 0.0
@@ -44,11 +45,16 @@ advantage_eps = 1e-4
 device = "cpu"
 teacher_device = "cpu"
 prm_device = "cpu"
+precision = "fp32"  # fp32 | bf16 (bf16 autocast, trained weights kept in fp32)
+micro_batch_size = 2  # rows per forward/backward pass
+gradient_checkpointing = False
 student = "outputs/smoke/world/student"
 teacher = "outputs/smoke/world/teacher"
 prm = "outputs/smoke/world/prm"
 problems = "outputs/smoke/world/problems"
 heldout = None
+prompt_template = None  # MATH-schema datasets (paper world): the prompt around each problem
+problem_subsets = None  # the dataset configs of `problems` to read
 out_dir = "outputs/smoke/cells/outcome-r1-s0"
 
 # %%
@@ -71,14 +77,16 @@ parameters = dict(
     prompts_per_step=prompts_per_step, group_size=group_size, temperature=temperature, top_p=top_p,
     max_new_tokens=max_new_tokens, beta=beta, kl_estimator=kl_estimator, loss_normalisation=loss_normalisation,
     eval_every=eval_every, eval_problems=eval_problems, eval_max_new_tokens=eval_max_new_tokens,
-    lora_alpha=lora_alpha, lora_dropout=lora_dropout, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
-    advantage_eps=advantage_eps, device=device, teacher_device=teacher_device, prm_device=prm_device,
-    student=local(student), teacher=local(teacher), prm=local(prm), problems=local(problems),
-    heldout=local(heldout), out_dir=str(REPO_ROOT / out_dir),
+    eval_batch_size=eval_batch_size, lora_alpha=lora_alpha, lora_dropout=lora_dropout, weight_decay=weight_decay,
+    max_grad_norm=max_grad_norm, advantage_eps=advantage_eps, device=device, teacher_device=teacher_device,
+    prm_device=prm_device, precision=precision, micro_batch_size=micro_batch_size,
+    gradient_checkpointing=gradient_checkpointing, student=local(student), teacher=local(teacher), prm=local(prm),
+    problems=local(problems), heldout=local(heldout), prompt_template=prompt_template,
+    problem_subsets=problem_subsets, out_dir=str(REPO_ROOT / out_dir),
 )
 config = cell.CellConfig.from_parameters(parameters)
 print(f"cell {config.name} ({config.profile}): lr {config.learning_rate}, {config.steps} steps of "
-      f"P={config.prompts_per_step} x G={config.group_size}")
+      f"P={config.prompts_per_step} x G={config.group_size}, {config.precision} on {config.device}")
 
 # %% [markdown]
 # ## Inputs

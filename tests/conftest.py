@@ -1,7 +1,12 @@
 """Shared fixtures: stand-ins built once per test session in a temporary folder."""
-import pytest
+import os
 
-from tiny_models import build_qwen3, build_tokenizer
+# Nothing in the suite may reach a model hub; huggingface_hub and datasets read these at import.
+os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+
+import pytest  # noqa: E402
+
+from tiny_models import build_qwen3, build_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -127,6 +127,15 @@ def test_world_entry_rule(tmp_path):
         ({"build_world": [1]}, "build_world = [1]", "a mapping"),
         ({"cell": [1]}, "cell = [1]", "a mapping with keys steps"),
         ({"profile": "mini"}, "profile = 'mini'", "the file's stem 'tiny'"),
+        ({"cell__precision": "fp16"}, "cell.precision = 'fp16'", "one of fp32, bf16"),
+        ({"cell__micro_batch_size": 0}, "cell.micro_batch_size = 0", "a positive integer"),
+        ({"cell__gradient_checkpointing": "no"}, "cell.gradient_checkpointing = 'no'", "true or false"),
+        ({"data": {"prompt_template": "Solve {question}"}}, "data.prompt_template", "{problem} exactly once"),
+        ({"data": {"problem_subsets": ["algebra"]}}, "data.prompt_template: missing key", "required in data"),
+        ({"data": {"prompt_template": "{problem}", "subjects": []}}, "data.subjects: unknown key", "problem_subsets"),
+        ({"data": {"prompt_template": "{problem}", "problem_subsets": []}}, "data.problem_subsets = []", "non-empty"),
+        ({"cluster": {"mem_gb": 8}}, "cluster.timeout_min: missing key", "required in cluster"),
+        ({"cluster": {"timeout_min": 0.5}}, "cluster.timeout_min = 0.5", "a positive integer"),
     ],
 )
 def test_invalid_profile_names_key_and_expectation(tmp_path, changes, key, expected):

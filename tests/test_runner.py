@@ -15,19 +15,25 @@ import yaml
 
 from reward_density.notebook_exec import NotebookFailed
 from reward_density.params import REPO_ROOT, load_profile
-from reward_density.runner import cpu_count, main, run_matrix, run_stage, select_cells
+from reward_density.runner import cpu_count, gpu_slots, main, run_matrix, run_stage, select_cells
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TRAIN = Path("notebooks/train_cell.py")
 
 
 @pytest.fixture
-def root(tmp_path, monkeypatch) -> Path:
+def root(tmp_path, monkeypatch, tiny_model_dir) -> Path:
     """A project root with a 4-cell profile 'tiny' and the fake notebooks in place of the real ones."""
     monkeypatch.delenv("FAKE_FAIL", raising=False)
     monkeypatch.delenv("FAKE_SLEEP", raising=False)
     data = yaml.safe_load((REPO_ROOT / "params" / "smoke.yaml").read_text())
     data["profile"] = "tiny"
+    # A world the runner's reachability check accepts, at the smoke paths (the fake notebooks never load it).
+    world = tmp_path / "outputs" / "smoke" / "world"
+    (world / "problems").mkdir(parents=True)
+    (world / "problems" / "train.jsonl").touch()
+    for name in ("student", "teacher", "prm"):
+        shutil.copytree(tiny_model_dir, world / name)
     data["matrix"].update(regimes=["outcome", "process"], ranks=[1], seeds=[0])
     (tmp_path / "params").mkdir()
     (tmp_path / "params" / "tiny.yaml").write_text(yaml.safe_dump(data))
@@ -82,6 +88,23 @@ def test_parallel_cells_run_then_skip(root, monkeypatch):
     assert {folder: (folder / "summary.json").stat().st_mtime_ns for folder in (lora, full)} == mtimes
 
 
+def test_each_concurrent_cell_gets_its_own_gpus(root, monkeypatch):
+    monkeypatch.setenv("FAKE_SLEEP", "1")
+    report = run_matrix(profile_of(root), root, TRAIN, gpus=["5", "7"])
+    assert len(report.finished) == 4
+    given = {name: read_json(cell_dir(root, name) / "params.json")["gpus"] for name in report.finished}
+    assert set(given.values()) == {"5", "7"}, f"cells should run on GPU 5 or 7, two at once: {given}"
+
+
+def test_gpu_list_is_split_into_one_slot_per_cell():
+    smoke, paper = (load_profile(REPO_ROOT / "params" / f"{name}.yaml") for name in ("smoke", "paper"))
+    assert gpu_slots("0,1,2", smoke) == ["0", "1", "2"]
+    assert gpu_slots("0,1,2,3,4", paper) == ["0,1", "2,3"], "paper cells put the teacher and PRM on cuda:1"
+    for bad, message in (("0,0", "distinct GPU indices"), ("a,b", "distinct GPU indices"), ("3", "on 2 GPUs")):
+        with pytest.raises(ValueError, match=message):
+            gpu_slots(bad, paper)
+
+
 def test_failing_cell_does_not_stop_the_others(root, monkeypatch):
     monkeypatch.setenv("FAKE_FAIL", "process-r1-*")
     report = run_matrix(profile_of(root), root, TRAIN, cells_filter="process-*", jobs=2)
@@ -118,7 +141,7 @@ def test_cli_bad_profile_exits_2_before_any_work(root, capsys):
         (root / "params" / "tiny.yaml").read_text().replace("- 1\n", "- 0\n", 1))
     assert main(["--profile", "tiny", "--root", str(root)]) == 2
     assert "tiny.yaml: matrix.ranks[0] = 0: expected a positive integer" in capsys.readouterr().err
-    assert not (root / "outputs").exists()
+    assert not (root / "outputs" / "tiny").exists()
 
 
 def test_cli_missing_stage_notebook(root, capsys):

@@ -110,14 +110,31 @@ class AnswerChecker:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def unparsable_golds(self, golds: Sequence[str]) -> list[str]:
+        """The distinct golds math-verify cannot parse (or that hang or crash its parser), in order; no raising."""
+        with self._lock:
+            return self._unparsable_golds(list(dict.fromkeys(golds)))
+
     def _check_golds(self, golds: list[str]) -> None:
         # Before any completion is checked, so a bad gold costs no finished work.
-        replies, failure = self._request("golds", golds)
-        if failure is not None:
-            raise ValueError(f"gold answer {golds[len(replies)]!r} hung or crashed the math-verify parser")
-        bad = [gold for gold, ok in zip(golds, replies) if not ok]
+        bad = self._unparsable_golds(golds)
         if bad:
-            raise ValueError(f"math-verify cannot parse these gold answers (a data bug, not a wrong answer): {bad!r}")
+            raise ValueError(
+                "math-verify cannot parse these gold answers (or hung or crashed on them; a data bug, not a wrong "
+                f"answer): {bad!r}"
+            )
+
+    def _unparsable_golds(self, golds: list[str]) -> list[str]:
+        bad: list[str] = []
+        done = 0
+        while done < len(golds):
+            replies, failure = self._request("golds", golds[done:])
+            bad += [gold for gold, ok in zip(golds[done:], replies) if not ok]
+            done += len(replies)
+            if failure is not None:  # the worker was lost on this gold; resume after it
+                bad.append(golds[done])
+                done += 1
+        return bad
 
     def _request(self, kind: str, payload: list) -> tuple[list, Verdict | None]:
         """Send a batch; return the replies received and, if the worker hung or died on the next entry, how."""

@@ -23,11 +23,12 @@ def capability_row(
     ks: Sequence[int],
     seed: int,
     gap_k: int = 4,
+    batch_size: int = 8,
 ) -> dict:
     """pass@k for each k from max(ks) samples per problem, the exploration gap and the mean length."""
     if not {1, gap_k} <= set(ks):
         raise ValueError(f"ks must include 1 and gap_k={gap_k} for the exploration gap, got {list(ks)}")
-    scores, rows = sampled_pass_at_k(model, tokenizer, problems, checker, sampling, max(ks), ks, seed)
+    scores, rows = sampled_pass_at_k(model, tokenizer, problems, checker, sampling, max(ks), ks, seed, batch_size)
     lengths = [r["length"] for r in rows]
     return {
         "model": name,

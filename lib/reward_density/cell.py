@@ -22,7 +22,9 @@ from .evaluation import greedy_eval
 from .loss import LossConfig
 from .models import load_causal_lm, load_tokenizer
 from .policy import Policy, PolicyConfig
-from .problems import Problem, read_problems
+from .precision import autocast, frozen_dtype
+from .problem_sets import heldout_problems, training_problems
+from .problems import Problem
 from .provenance import manifest, write_json_atomic
 from .rewards import RewardModule, build_reward, check_regime
 from .sampler import SamplingConfig
@@ -51,6 +53,7 @@ class CellConfig:
     eval_every: int
     eval_problems: int
     eval_max_new_tokens: int
+    eval_batch_size: int
     lora_alpha: float
     lora_dropout: float
     weight_decay: float
@@ -66,12 +69,17 @@ class CellConfig:
     out_dir: str
     profile: str = "custom"
     heldout: str | None = None  # paper world: a separate held-out dataset; mini: problems/heldout.jsonl
+    precision: str = "fp32"  # or "bf16" (precision.py)
+    micro_batch_size: int | None = None  # rows per forward/backward pass; None: the whole batch
+    gradient_checkpointing: bool = False
+    prompt_template: str | None = None  # MATH-schema datasets (paper world); None: the mini world's files
+    problem_subsets: list[str] | None = None  # dataset configs of `problems` to read (None: the default)
 
     def __post_init__(self) -> None:
         check_regime(self.regime)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        for name in ("steps", "prompts_per_step", "eval_every", "eval_problems", "eval_max_new_tokens"):
+        for name in ("steps", "prompts_per_step", "eval_every", "eval_problems", "eval_max_new_tokens", "eval_batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -113,10 +121,12 @@ class CellConfig:
             constant_length=self.max_new_tokens,
         )
         sampling = SamplingConfig(self.max_new_tokens, temperature=self.temperature, top_p=self.top_p)
-        return StepConfig(self.group_size, sampling, loss, self.advantage_eps, self.max_grad_norm)
+        return StepConfig(self.group_size, sampling, loss, self.advantage_eps, self.max_grad_norm,
+                          precision=self.precision, micro_batch_size=self.micro_batch_size)
 
     def policy_config(self) -> PolicyConfig:
-        return PolicyConfig(rank=self.rank, alpha=self.lora_alpha, dropout=self.lora_dropout)
+        return PolicyConfig(rank=self.rank, alpha=self.lora_alpha, dropout=self.lora_dropout,
+                            precision=self.precision, gradient_checkpointing=self.gradient_checkpointing)
 
 
 # ------------------------------------------------------------------------------------ inputs
@@ -134,29 +144,32 @@ class CellInputs:
     checker: AnswerChecker
 
 
-def load_problem_splits(config: CellConfig) -> tuple[list[Problem], list[Problem]]:
+def load_problem_splits(config: CellConfig, checker: AnswerChecker) -> tuple[list[Problem], list[Problem]]:
     """Training problems and the first eval_problems held-out problems (the same fixed set for every cell)."""
-    folder = Path(config.problems)
-    heldout = read_problems(Path(config.heldout) if config.heldout else folder / "heldout.jsonl")
-    if len(heldout) < config.eval_problems:
-        raise ValueError(f"eval_problems = {config.eval_problems} but only {len(heldout)} held-out problems exist")
-    return read_problems(folder / "train.jsonl"), heldout[: config.eval_problems]
+    subsets = config.problem_subsets
+    train = training_problems(config.problems, config.prompt_template, subsets, checker)
+    heldout = heldout_problems(config.problems, config.heldout, config.prompt_template, subsets, checker,
+                               count=config.eval_problems)
+    return train, heldout
 
 
 def load_inputs(config: CellConfig, checker: AnswerChecker) -> CellInputs:
-    """Load everything before training starts, so a missing model fails the cell before any work."""
-    train, heldout = load_problem_splits(config)
+    """Load everything before training starts, so a missing model or dataset fails before any work."""
+    train, heldout = load_problem_splits(config, checker)
     tokenizer = load_tokenizer(config.student)
-    student = load_causal_lm(config.student, device=config.device, what="student")
-    parts: dict[str, Any] = {"checker": checker, "temperature": config.temperature}
+    frozen = frozen_dtype(config.precision)  # FullFT's student is its fp32 master copy; the rest never changes
+    student_dtype = torch.float32 if config.rank is None else frozen
+    student = load_causal_lm(config.student, dtype=student_dtype, device=config.device, what="student")
+    parts: dict[str, Any] = {"checker": checker, "temperature": config.temperature,
+                             "micro_batch_size": config.micro_batch_size}
     if config.regime == "process":
         parts.update(
-            prm_model=load_causal_lm(config.prm, device=config.prm_device, what="PRM"),
+            prm_model=load_causal_lm(config.prm, dtype=frozen, device=config.prm_device, what="PRM"),
             prm_tokenizer=load_tokenizer(config.prm),
             student_tokenizer=tokenizer,
         )
     if config.regime == "distillation":
-        parts["teacher"] = load_causal_lm(config.teacher, device=config.teacher_device, what="teacher")
+        parts["teacher"] = load_causal_lm(config.teacher, dtype=frozen, device=config.teacher_device, what="teacher")
     return CellInputs(train, heldout, tokenizer, student, build_reward(config.regime, **parts), checker)
 
 
@@ -263,8 +276,9 @@ def train(config: CellConfig, inputs: CellInputs, policy: Policy, writer: CellWr
     step_config = config.step_config()
 
     def evaluate(step: int) -> float:
-        pass1, rows = greedy_eval(policy.model, inputs.tokenizer, inputs.heldout, inputs.checker,
-                                  config.eval_max_new_tokens, batch_size=len(inputs.heldout))
+        with autocast(config.device, config.precision):
+            pass1, rows = greedy_eval(policy.model, inputs.tokenizer, inputs.heldout, inputs.checker,
+                                      config.eval_max_new_tokens, batch_size=config.eval_batch_size)
         writer.add_eval(step, pass1, rows)
         return pass1
 

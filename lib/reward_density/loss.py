@@ -41,6 +41,17 @@ class LossConfig:
             raise ValueError("normalisation 'constant' needs a positive constant_length (the completion cap)")
 
 
+@dataclass(frozen=True)
+class BatchTotals:
+    """Rows and loss tokens of the whole batch, for a loss computed one micro-batch at a time.
+
+    With them, each micro-batch's loss is its share of the whole-batch loss: the shares sum to it exactly.
+    """
+
+    rows: int
+    tokens: float
+
+
 @dataclass
 class LossOutput:
     """The scalar to backpropagate and detached statistics over the tokens in the loss."""
@@ -63,14 +74,14 @@ def kl_penalty(logps: torch.Tensor, ref_logps: torch.Tensor, estimator: str) -> 
     raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {KL_ESTIMATORS}")
 
 
-def _reduce(per_token: torch.Tensor, mask: torch.Tensor, config: LossConfig) -> torch.Tensor:
-    """Average the masked per-token loss with the configured normalisation."""
+def _reduce(per_token: torch.Tensor, mask: torch.Tensor, config: LossConfig, totals: BatchTotals) -> torch.Tensor:
+    """Average the masked per-token loss with the configured normalisation, over the whole batch's totals."""
     masked = per_token * mask
     if config.normalisation == "token_mean":
-        return masked.sum() / mask.sum().clamp(min=1)
+        return masked.sum() / max(totals.tokens, 1)
     if config.normalisation == "sequence_mean":
-        return (masked.sum(-1) / mask.sum(-1).clamp(min=1)).mean()
-    return masked.sum() / (mask.shape[0] * config.constant_length)
+        return (masked.sum(-1) / mask.sum(-1).clamp(min=1)).sum() / totals.rows
+    return masked.sum() / (totals.rows * config.constant_length)
 
 
 def grpo_loss(
@@ -81,17 +92,20 @@ def grpo_loss(
     config: LossConfig,
     ref_logps: torch.Tensor | None = None,
     token_subset: torch.Tensor | None = None,
+    totals: BatchTotals | None = None,
 ) -> LossOutput:
     """Clipped importance-sampling surrogate minus beta * KL, averaged over valid tokens (Eq. 1).
 
     logps: [N, T] learner log-probs (with grad); sampler_logps: [N, T] the sampler's, both at the
     sampling temperature. token_subset: optional [N, T] bool restricting which valid tokens enter
-    the loss (S-GRPO); normalisation then counts only those tokens.
+    the loss (S-GRPO); normalisation then counts only those tokens. totals: the whole batch's counts
+    when these rows are one micro-batch of it (the statistics stay this micro-batch's own means).
     """
     _check_shapes(logps, sampler_logps=sampler_logps, advantages=advantages, completion_mask=completion_mask,
                   ref_logps=ref_logps, token_subset=token_subset)
     mask = completion_mask.bool() if token_subset is None else completion_mask.bool() & token_subset.bool()
     mask = mask.to(logps.dtype)
+    totals = totals or BatchTotals(rows=mask.shape[0], tokens=float(mask.sum()))
 
     ratio = torch.exp(logps - sampler_logps.detach())  # Eq. 2
     clipped = torch.clamp(ratio, 1.0 - config.epsilon, 1.0 + config.epsilon)
@@ -108,7 +122,7 @@ def grpo_loss(
         is_clipped = ((ratio < 1 - config.epsilon) & (advantages < 0)) | ((ratio > 1 + config.epsilon) & (advantages > 0))
         clip_frac = _masked_mean(is_clipped.to(mask.dtype), mask)
         ratio_mean = _masked_mean(ratio, mask)
-    return LossOutput(_reduce(per_token, mask, config), kl_ref, clip_frac, ratio_mean)
+    return LossOutput(_reduce(per_token, mask, config, totals), kl_ref, clip_frac, ratio_mean)
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:

@@ -241,10 +241,11 @@ def _decoder_settings(spec: ModelSpec, tokenizer) -> dict[str, Any]:
     )
 
 
-def new_qwen3(spec: ModelSpec, tokenizer, seed: int) -> Qwen3ForCausalLM:
+def new_qwen3(spec: ModelSpec, tokenizer, seed: int, tie_word_embeddings: bool = False) -> Qwen3ForCausalLM:
     """A freshly initialised Qwen3ForCausalLM of the given size for this tokenizer."""
     torch.manual_seed(seed)
-    return Qwen3ForCausalLM(Qwen3Config(**_decoder_settings(spec, tokenizer), tie_word_embeddings=False)).eval()
+    config = Qwen3Config(**_decoder_settings(spec, tokenizer), tie_word_embeddings=tie_word_embeddings)
+    return Qwen3ForCausalLM(config).eval()
 
 
 def new_mistral(spec: ModelSpec, tokenizer, seed: int) -> MistralForCausalLM:

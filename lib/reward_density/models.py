@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 
 def _source(name_or_path: str | Path, what: str, required_file: str) -> str:
@@ -26,6 +26,11 @@ def load_causal_lm(
     """A causal LM from a save_pretrained folder or hub id, on device, in dtype."""
     model = AutoModelForCausalLM.from_pretrained(_source(name_or_path, what, "config.json"), dtype=dtype)
     return model.to(device)
+
+
+def load_config(name_or_path: str | Path, what: str = "model") -> PretrainedConfig:
+    """A model's config alone (cheap: the reachability check before a run)."""
+    return AutoConfig.from_pretrained(_source(name_or_path, what, "config.json"))
 
 
 def load_tokenizer(name_or_path: str | Path):

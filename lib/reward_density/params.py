@@ -25,7 +25,8 @@ LOSS_NORMALISATIONS = ("token_mean", "sequence_mean", "constant")
 WORLD_REQUIRED = ("student", "teacher", "prm", "problems")
 WORLD_OPTIONAL = ("heldout",)
 TOP_REQUIRED = ("profile", "world", "matrix", "cell", "analysis")
-TOP_OPTIONAL = ("build_world",)
+TOP_OPTIONAL = ("build_world", "data", "cluster")
+PRECISIONS = ("fp32", "bf16")
 MATRIX_KEYS = ("regimes", "ranks", "full_ft", "seeds", "learning_rate")
 
 
@@ -134,6 +135,13 @@ def non_empty_string(value: Any) -> str:
     return value
 
 
+def prompt_template(value: Any) -> str:
+    """A string holding the placeholder {problem} exactly once."""
+    if not isinstance(value, str) or value.count("{problem}") != 1:
+        raise _Invalid("a string with the placeholder {problem} exactly once")
+    return value
+
+
 def one_of(*choices: str) -> Checker:
     """A checker accepting exactly one of the given strings."""
 
@@ -158,6 +166,7 @@ CELL_SCHEMA: dict[str, Checker] = {
     "eval_every": positive_int,
     "eval_problems": positive_int,
     "eval_max_new_tokens": positive_int,
+    "eval_batch_size": positive_int,
     "lora_alpha": positive_number,
     "lora_dropout": dropout_number,
     "weight_decay": non_negative_number,
@@ -166,6 +175,9 @@ CELL_SCHEMA: dict[str, Checker] = {
     "device": non_empty_string,
     "teacher_device": non_empty_string,
     "prm_device": non_empty_string,
+    "precision": one_of(*PRECISIONS),
+    "micro_batch_size": positive_int,
+    "gradient_checkpointing": boolean,
 }
 
 ANALYSIS_SCHEMA: dict[str, Checker] = {
@@ -211,6 +223,7 @@ class Cell:
             "learning_rate": self.learning_rate,
             "out_dir": str(out_dir),
             "profile": profile.name,
+            **profile.data,
             **{key: resolve_world_entry(value, root) for key, value in profile.world.items()},
         }
 
@@ -223,6 +236,8 @@ class Profile:
     path: Path
     world: dict[str, str]
     build_world: dict[str, Any] | None
+    data: dict[str, Any]  # how MATH-schema datasets become prompts; empty for the mini world's own files
+    cluster: dict[str, Any]  # submitit executor settings for `--executor` (scale_out.py); empty if none
     matrix: Matrix
     cell: dict[str, Any]
     analysis: dict[str, Any]
@@ -350,10 +365,30 @@ class _Validator:
             path=self.path,
             world=world,
             build_world=build_world,
+            data=self.data(data["data"]) if "data" in data else {},
+            cluster=self.cluster(data["cluster"]) if "cluster" in data else {},
             matrix=self.matrix(data["matrix"]),
             cell=self.schema("cell", data["cell"], CELL_SCHEMA),
             analysis=self.schema("analysis", data["analysis"], ANALYSIS_SCHEMA),
         )
+
+    def data(self, value: Any) -> dict[str, Any]:
+        """The validated data section: a prompt template and, optionally, the dataset subsets to read."""
+        data = self.mapping("data", value, ("prompt_template",), ("problem_subsets",))
+        checked = {"prompt_template": self.check("data.prompt_template", data["prompt_template"], prompt_template)}
+        if "problem_subsets" in data:
+            subsets = self.unique_list("data.problem_subsets", data["problem_subsets"], non_empty_string)
+            checked["problem_subsets"] = list(subsets)
+        return checked
+
+    def cluster(self, value: Any) -> dict[str, Any]:
+        """submitit's executor settings; timeout_min is required (its default kills a job within minutes).
+
+        The names themselves are checked by submitit when the executor is made, before any cell runs.
+        """
+        data = self.mapping("cluster", value, ("timeout_min",), tuple(k for k in (value or {}) if isinstance(k, str)))
+        self.check("cluster.timeout_min", data["timeout_min"], positive_int)
+        return dict(data)
 
     def matrix(self, value: Any) -> Matrix:
         """The validated matrix section."""

@@ -9,17 +9,24 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from .logprobs import completion_logprobs
+from .precision import check_precision, frozen_dtype
 from .rollout import Rollout
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """rank=None means full fine-tuning; otherwise a LoRA adapter of that rank (paper Table 1)."""
+    """rank=None means full fine-tuning; otherwise a LoRA adapter of that rank (paper Table 1).
+
+    precision: "fp32", or "bf16" (frozen weights stored in bf16, trained weights fp32; see precision.py).
+    gradient_checkpointing: recompute each layer's activations in the backward pass instead of keeping them.
+    """
 
     rank: int | None
     alpha: float = 32.0
     dropout: float = 0.0
     target_modules: str | tuple[str, ...] = "all-linear"
+    precision: str = "fp32"
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         rank = self.rank
@@ -27,6 +34,7 @@ class PolicyConfig:
             raise ValueError(f"LoRA rank must be a positive integer (or None for full fine-tuning), got {rank!r}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
+        check_precision(self.precision)
 
     @property
     def is_lora(self) -> bool:
@@ -38,6 +46,8 @@ class Policy:
 
     def __init__(self, base_model: torch.nn.Module, config: PolicyConfig, keep_reference: bool):
         self.config = config
+        if config.gradient_checkpointing:
+            _enable_checkpointing(base_model)
         if config.is_lora:
             lora = LoraConfig(
                 r=config.rank,
@@ -48,12 +58,14 @@ class Policy:
                 else config.target_modules,
                 task_type="CAUSAL_LM",
             )
-            self.model = get_peft_model(base_model, lora)
+            # The frozen base in storage precision; peft keeps the adapters fp32 (autocast_adapter_dtype).
+            self.model = get_peft_model(base_model.to(frozen_dtype(config.precision)), lora)
             self._reference = None
         else:
             # FullFT keeps fp32 master weights; the frozen copy exists only when the KL term needs it.
             self.model = base_model.float()
-            self._reference = _frozen_copy(base_model) if keep_reference else None
+            reference = _frozen_copy(base_model, frozen_dtype(config.precision)) if keep_reference else None
+            self._reference = reference
         self.has_reference = config.is_lora or keep_reference
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
@@ -66,7 +78,7 @@ class Policy:
         return contextlib.nullcontext()
 
     @torch.no_grad()
-    def reference_logprobs(self, rollout: Rollout, temperature: float) -> torch.Tensor:
+    def reference_logprobs(self, rollout: Rollout, temperature: float, micro_batch_size: int | None = None) -> torch.Tensor:
         """log pi_ref of the completion tokens at the sampling temperature."""
         if not self.has_reference:
             raise RuntimeError("this full fine-tuning policy was built without a reference copy (beta = 0)")
@@ -74,12 +86,18 @@ class Policy:
         with self._reference_context():
             return completion_logprobs(
                 scorer, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask,
-                temperature,
+                temperature, micro_batch_size,
             )
 
 
-def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    reference = copy.deepcopy(model).eval()
+def _frozen_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    reference = copy.deepcopy(model).to(dtype).eval()
     for p in reference.parameters():
         p.requires_grad_(False)
     return reference
+
+
+def _enable_checkpointing(model: torch.nn.Module) -> None:
+    """Activation (gradient) checkpointing of every decoder layer; it acts in train mode only, not while sampling."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()  # non-reentrant by default, so frozen inputs under LoRA still pass gradients through

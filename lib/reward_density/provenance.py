@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-PACKAGES = ("torch", "transformers", "peft", "trl", "math-verify", "tokenizers", "numpy", "papermill", "pandas")
+PACKAGES = ("torch", "transformers", "peft", "trl", "math-verify", "tokenizers", "numpy", "datasets", "papermill",
+            "pandas")
 
 
 def git_state(cwd: Path | None = None) -> dict[str, Any]:
@@ -52,6 +53,7 @@ def manifest(device: str | torch.device = "cpu", **extra: Any) -> dict[str, Any]
         "versions": package_versions(),
         "python": platform.python_version(),
         "device": device_description(device),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),  # the GPUs the runner gave this cell
         **extra,
     }
 

@@ -7,8 +7,11 @@ process's stdout/stderr) and whatever the notebook writes. `summary.json`, writt
 by the notebook (never by the runner), marks a finished cell: finished cells are skipped, and a folder
 without it is the leftover of a killed or failed run, cleared and rerun.
 
-    python -m reward_density.runner --profile mini [--cells 'outcome-*,*-rfull-*'] [--jobs 2]
-        [--root DIR] [--stages world,cells,analysis]
+    python -m reward_density.runner --profile mini [--cells 'outcome-*,*-rfull-*'] [--jobs 2 | --gpus 0,1]
+        [--executor slurm|local] [--root DIR] [--stages world,cells,analysis]
+
+With --gpus, each cell process sees only its own GPUs (CUDA_VISIBLE_DEVICES): one GPU per cell, or a
+group of GPUs when the profile places the teacher or the PRM on a second device (cuda:1 within the cell).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import fnmatch
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +37,7 @@ from tqdm import tqdm
 
 from .notebook_exec import NotebookFailed, execute_notebook
 from .params import REPO_ROOT, Cell, Profile, find_profile, load_profile, resolve_world_entry
+from .reachability import WorldUnreachable, check_world
 
 STAGES = ("world", "baseline", "cells", "analysis")
 DONE_MARKER = "summary.json"
@@ -74,6 +79,7 @@ class _Running:
     process: subprocess.Popen
     log: IO[str]
     started: float
+    gpus: str | None  # the CUDA_VISIBLE_DEVICES it was given
 
 
 def cells_dir(profile: Profile, root: Path) -> Path:
@@ -106,10 +112,31 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def cell_env(jobs: int) -> dict[str, str]:
-    """The environment of a cell process: the CPUs shared out between the parallel cells."""
+def cell_env(jobs: int, gpus: str | None = None) -> dict[str, str]:
+    """The environment of a cell process: the CPUs shared out between the parallel cells, and its GPUs."""
     threads = str(max(1, cpu_count() // jobs))
-    return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
+    return env
+
+
+def gpus_per_cell(profile: Profile) -> int:
+    """How many GPUs one cell addresses: 1 + the highest cuda index among its devices (1 on a CPU profile)."""
+    devices = [profile.cell[key] for key in ("device", "teacher_device", "prm_device")]
+    indices = [int(m.group(1) or 0) for d in devices if (m := re.fullmatch(r"cuda(?::(\d+))?", d))]
+    return max(indices, default=0) + 1
+
+
+def gpu_slots(gpus: str, profile: Profile) -> list[str]:
+    """The GPU list split into one CUDA_VISIBLE_DEVICES value per concurrent cell, e.g. '0,1,2,3' -> ['0,1', '2,3']."""
+    ids = [g.strip() for g in gpus.split(",") if g.strip()]
+    if not ids or not all(g.isdigit() for g in ids) or len(set(ids)) != len(ids):
+        raise ValueError(f"--gpus {gpus!r}: expected distinct GPU indices separated by commas, e.g. 0,1,2,3")
+    size = gpus_per_cell(profile)
+    if len(ids) < size:
+        raise ValueError(f"--gpus {gpus!r}: profile {profile.name} places a cell on {size} GPUs (its cell devices)")
+    return [",".join(ids[i : i + size]) for i in range(0, len(ids) - size + 1, size)]
 
 
 def _launch(cell: Cell, profile: Profile, root: Path, notebook: Path, env: dict[str, str]) -> _Running:
@@ -135,7 +162,7 @@ def _launch(cell: Cell, profile: Profile, root: Path, notebook: Path, env: dict[
         cwd=root,
         start_new_session=True,  # Ctrl-C reaches the runner only; it stops the cells itself
     )
-    return _Running(cell, folder, process, log, time.monotonic())
+    return _Running(cell, folder, process, log, time.monotonic(), env.get("CUDA_VISIBLE_DEVICES"))
 
 
 def _failure_reason(running: _Running) -> str | None:
@@ -205,9 +232,14 @@ def _record(running: _Running, report: RunReport, bar: tqdm) -> None:
 
 
 def run_matrix(
-    profile: Profile, root: Path, notebook: Path, cells_filter: str | None = None, jobs: int = 1
+    profile: Profile, root: Path, notebook: Path, cells_filter: str | None = None, jobs: int = 1,
+    gpus: list[str] | None = None,
 ) -> RunReport:
-    """Run every selected, unfinished cell, up to `jobs` at once; failures are collected, not raised."""
+    """Run every selected, unfinished cell, up to `jobs` at once; failures are collected, not raised.
+
+    gpus: one CUDA_VISIBLE_DEVICES value per concurrent cell (gpu_slots); it sets the number of jobs.
+    """
+    jobs = len(gpus) if gpus else jobs
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     root = Path(root).resolve()
@@ -221,18 +253,20 @@ def run_matrix(
             pending.append(cell)
     if report.skipped:
         tqdm.write(f"{len(report.skipped)} finished cell(s) skipped", file=sys.stderr)
-    env = cell_env(jobs)
+    free_gpus: list[str | None] = list(gpus) if gpus else [None] * jobs
     running: list[_Running] = []
     bar = tqdm(total=len(report.skipped) + len(pending), initial=len(report.skipped), desc=profile.name,
                unit="cell", file=sys.stderr, dynamic_ncols=True)
     try:
         with _sigterm_as_interrupt():
             while pending or running:
-                while pending and len(running) < jobs:
+                while pending and free_gpus:
+                    env = cell_env(jobs, free_gpus.pop(0))
                     running.append(_launch(pending.pop(0), profile, root, notebook, env))
                 time.sleep(POLL_SECONDS)
                 for item in [item for item in running if item.process.poll() is not None]:
                     running.remove(item)
+                    free_gpus.append(item.gpus)
                     _record(item, report, bar)
     finally:
         _stop(running)
@@ -275,16 +309,37 @@ def _stage_baseline(profile: Profile, root: Path) -> None:
     if (out / "capability.csv").exists():
         print(f"baseline: {out / 'capability.csv'} exists; skipped", file=sys.stderr)
         return
-    world = {k: resolve_world_entry(profile.world[k], root) for k in ("student", "teacher", "problems")}
-    sampling = {k: profile.cell[k] for k in ("temperature", "top_p", "max_new_tokens")}
-    parameters = {**world, **sampling, "heldout": profile.world.get("heldout"), "out_dir": str(out)}
+    world = {k: resolve_world_entry(v, root) for k, v in profile.world.items() if k != "prm"}
+    settings = {k: profile.cell[k] for k in ("temperature", "top_p", "max_new_tokens", "device", "teacher_device",
+                                             "precision")}
+    parameters = {**world, **settings, **profile.data, "out_dir": str(out)}
     print(f"baseline: notebooks/capability_baseline.py -> {out}", file=sys.stderr)
     run_stage(root / "notebooks" / "capability_baseline.py", out / "capability_baseline.ipynb", parameters, root)
 
 
-def _stage_cells(profile: Profile, root: Path, cells_filter: str | None, jobs: int) -> RunReport:
-    """Run the matrix and print its failures."""
-    report = run_matrix(profile, root, root / "notebooks" / "train_cell.py", cells_filter, jobs)
+def _executor(kind: str, profile: Profile, root: Path) -> Any:
+    """The submitit executor of `--executor`, built (and its settings checked) before any work."""
+    from .scale_out import make_executor, submitit_dir  # deferred: only scale-out runs need submitit
+
+    if not profile.cluster:
+        raise ValueError(f"--executor {kind}: profile {profile.name} has no `cluster` section of executor settings")
+    try:
+        return make_executor(kind, submitit_dir(profile, root), profile.cluster)
+    except Exception as exc:  # submitit: NameError for an unknown setting, RuntimeError without srun
+        raise ValueError(f"--executor {kind} with {profile.path} cluster settings: {type(exc).__name__}: {exc}") from exc
+
+
+def _stage_cells(profile: Profile, root: Path, args: argparse.Namespace) -> RunReport:
+    """Run the matrix (here, or as submitit jobs) and print its failures."""
+    notebook = root / "notebooks" / "train_cell.py"
+    if args.executor is not None:
+        from .scale_out import submit_matrix
+
+        report = submit_matrix(profile, root, notebook, args.cells, args.executor)
+    else:
+        if args.gpu_slots:
+            print(f"cells: {len(args.gpu_slots)} at once, on GPUs {' | '.join(args.gpu_slots)}", file=sys.stderr)
+        report = run_matrix(profile, root, notebook, args.cells, args.jobs, args.gpu_slots)
     print(f"cells: {len(report.finished)} finished, {len(report.skipped)} skipped, {len(report.failed)} failed",
           file=sys.stderr)
     for failure in report.failed:
@@ -315,6 +370,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", help="profile name (params/<name>.yaml under --root) or a YAML path")
     parser.add_argument("--cells", default=None, help="comma-separated globs on cell names, e.g. 'outcome-*,*-rfull-*'")
     parser.add_argument("--jobs", type=int, default=1, help="cells run at once (default 1)")
+    parser.add_argument("--gpus", default=None,
+                        help="GPU indices, e.g. 0,1,2,3: one cell per GPU (or per group of GPUs when the profile "
+                             "uses cuda:1 too) at once; replaces --jobs")
+    parser.add_argument("--executor", choices=("slurm", "local"), default=None,
+                        help="submit the cells as a submitit job array (Slurm, or local subprocesses) with the "
+                             "profile's `cluster` settings, instead of running them here")
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help=f"project root (default {REPO_ROOT})")
     parser.add_argument("--stages", type=_parse_stages, default=list(STAGES), help="default: " + ",".join(STAGES))
     parser.add_argument("--one-cell", metavar="SPEC_JSON", help=argparse.SUPPRESS)
@@ -359,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
             select_cells(profile, args.cells)
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        args.gpu_slots = gpu_slots(args.gpus, profile) if args.gpus else None
+        args.executor = _executor(args.executor, profile, root) if args.executor else None
     except ValueError as exc:  # ProfileError included
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -379,12 +442,17 @@ def _run_stages(profile: Profile, root: Path, args: argparse.Namespace) -> int:
     try:
         if "world" in args.stages:
             _stage_world(profile, root)
+        if {"baseline", "cells"} & set(args.stages):
+            check_world({k: resolve_world_entry(v, root) for k, v in profile.world.items()}, profile.data)
         if "baseline" in args.stages:
             _stage_baseline(profile, root)
         if "cells" in args.stages:
-            ok = _stage_cells(profile, root, args.cells, args.jobs).ok
+            ok = _stage_cells(profile, root, args).ok
         if "analysis" in args.stages:
             _stage_analysis(profile, root)
+    except WorldUnreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except (FileNotFoundError, NotebookFailed) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

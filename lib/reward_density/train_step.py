@@ -9,9 +9,10 @@ import torch
 
 from .advantages import compute_advantages
 from .answer_check import has_boxed_answer
-from .logprobs import completion_logprobs
-from .loss import LossConfig, grpo_loss
+from .logprobs import completion_logprobs, micro_batches
+from .loss import BatchTotals, LossConfig, LossOutput, grpo_loss
 from .policy import Policy
+from .precision import autocast, check_precision
 from .problems import Problem
 from .rewards import RewardModule
 from .sampler import SamplingConfig, sample_rollout
@@ -28,6 +29,8 @@ class StepConfig:
     advantage_eps: float = 1e-4
     max_grad_norm: float = 1.0
     track_kl: bool = False  # score the reference even when beta = 0, to plot KL against rank
+    precision: str = "fp32"  # or "bf16": forward passes under bf16 autocast (precision.py)
+    micro_batch_size: int | None = None  # rows per forward/backward pass; None: the whole batch at once
 
     def __post_init__(self) -> None:
         if not (isinstance(self.group_size, int) and self.group_size >= 1):
@@ -36,6 +39,10 @@ class StepConfig:
             raise ValueError("GRPO samples its groups: the sampling temperature must be > 0")
         if not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
+        check_precision(self.precision)
+        size = self.micro_batch_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"micro_batch_size must be a positive integer or None, got {size!r}")
 
 
 def grpo_step(
@@ -51,27 +58,26 @@ def grpo_step(
     start = time.perf_counter()
     model = policy.model
     model.eval()
-    rollout = sample_rollout(model, tokenizer, problems, config.group_size, config.sampling, seed)
+    device = next(model.parameters()).device
+    with autocast(device, config.precision):
+        rollout = sample_rollout(model, tokenizer, problems, config.group_size, config.sampling, seed)
     generated = time.perf_counter()
 
-    deposits = reward(rollout)
+    with autocast(device, config.precision):
+        deposits = reward(rollout)
     mask = rollout.completion_mask
     advantages = compute_advantages(
         deposits.token_rewards, deposits.deposit_mask, mask, config.group_size, config.advantage_eps
     )
     rewarded = time.perf_counter()
 
-    temperature = config.sampling.temperature
     ref_logps = None
     if config.loss.beta > 0 or config.track_kl:
-        ref_logps = policy.reference_logprobs(rollout, temperature)
+        with autocast(device, config.precision):
+            ref_logps = policy.reference_logprobs(rollout, config.sampling.temperature, config.micro_batch_size)
     model.train()
-    logps = completion_logprobs(
-        model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, mask, temperature
-    )
-    out = grpo_loss(logps, rollout.sampler_logps, advantages, mask, config.loss, ref_logps=ref_logps)
     optimizer.zero_grad(set_to_none=True)
-    out.loss.backward()
+    out = _backward(model, rollout, advantages, ref_logps, config)
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm)
     optimizer.step()
     done = time.perf_counter()
@@ -79,7 +85,7 @@ def grpo_step(
     valid = advantages[mask]
     lengths = mask.sum(-1).float()
     return {
-        "loss": float(out.loss.detach()),
+        "loss": float(out.loss),
         "reward_mean": float(deposits.trajectory_rewards.mean()),
         "advantage_std": float(valid.std()) if valid.numel() > 1 else 0.0,
         "advantage_abs_max": float(valid.abs().max()) if valid.numel() else 0.0,
@@ -98,3 +104,26 @@ def grpo_step(
         "train_seconds": done - rewarded,
         **deposits.counters,
     }
+
+
+def _backward(
+    model: torch.nn.Module, rollout, advantages: torch.Tensor, ref_logps: torch.Tensor | None, config: StepConfig
+) -> LossOutput:
+    """Loss and gradients one micro-batch at a time; they add up to the whole batch's (loss.BatchTotals)."""
+    mask = rollout.completion_mask
+    totals = BatchTotals(rows=mask.shape[0], tokens=float(mask.sum()))
+    device = next(model.parameters()).device
+    total = LossOutput(torch.zeros(()), 0.0, 0.0, 0.0)
+    for rows in micro_batches(mask.shape[0], config.micro_batch_size):
+        with autocast(device, config.precision):
+            logps = completion_logprobs(model, rollout.prompt_ids[rows], rollout.prompt_mask[rows],
+                                        rollout.completion_ids[rows], mask[rows], config.sampling.temperature)
+            out = grpo_loss(logps, rollout.sampler_logps[rows], advantages[rows], mask[rows], config.loss,
+                            ref_logps=None if ref_logps is None else ref_logps[rows], totals=totals)
+        out.loss.backward()
+        share = float(mask[rows].sum()) / max(totals.tokens, 1)  # statistics: token-weighted means
+        total.loss += out.loss.detach().cpu()
+        total.kl_ref += out.kl_ref * share
+        total.clip_frac += out.clip_frac * share
+        total.ratio_mean += out.ratio_mean * share
+    return total

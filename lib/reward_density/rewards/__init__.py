@@ -21,7 +21,8 @@ def build_reward(regime: str, **parts) -> RewardModule:
     """The reward module of a regime from the parts it needs.
 
     outcome: checker (an AnswerChecker); process: prm_model, prm_tokenizer, student_tokenizer
-    (optionally prm_max_length); distillation: teacher, temperature.
+    (optionally prm_max_length); distillation: teacher, temperature (optionally micro_batch_size,
+    the rows per teacher forward pass).
     """
     needs = {
         "outcome": ("checker",),
@@ -42,4 +43,4 @@ def build_reward(regime: str, **parts) -> RewardModule:
         return ProcessReward(scorer, parts["student_tokenizer"])
     from .distillation import DistillationReward
 
-    return DistillationReward(parts["teacher"], parts["temperature"])
+    return DistillationReward(parts["teacher"], parts["temperature"], parts.get("micro_batch_size"))

@@ -15,11 +15,12 @@ class DistillationReward:
     Both log-probs are taken at the sampling temperature, the student's being the sampler's own.
     """
 
-    def __init__(self, teacher: torch.nn.Module, temperature: float):
+    def __init__(self, teacher: torch.nn.Module, temperature: float, micro_batch_size: int | None = None):
         if temperature <= 0:
             raise ValueError(f"distillation needs a sampling temperature > 0, got {temperature}")
         self.teacher = teacher.eval()
         self.temperature = temperature
+        self.micro_batch_size = micro_batch_size
 
     @torch.no_grad()
     def __call__(self, rollout: Rollout) -> Deposits:
@@ -28,7 +29,7 @@ class DistillationReward:
             raise ValueError(f"completion token ids exceed the teacher's vocabulary of {vocab}: not a shared vocabulary")
         teacher_logps = completion_logprobs(
             self.teacher, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask,
-            self.temperature,
+            self.temperature, self.micro_batch_size,
         )
         mask = rollout.completion_mask.bool()
         rewards = ((teacher_logps - rollout.sampler_logps) * mask).float()

@@ -1,0 +1,52 @@
+"""A run's training and held-out problems: the mini world's own jsonl files, or MATH-schema datasets.
+
+Which one is decided by the profile: a `data.prompt_template` means MATH-schema datasets (hub ids or
+local copies, read through `datasets`, math_data.py); without one, `problems` is a mini-world folder
+holding train.jsonl and heldout.jsonl.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .answer_check import AnswerChecker
+from .problems import Problem, read_problems
+
+
+def training_problems(
+    problems: str, prompt_template: str | None, subsets: Sequence[str] | None, checker: AnswerChecker,
+    log: Callable[[str], None] = print,
+) -> list[Problem]:
+    """The problems training prompts are drawn from."""
+    if prompt_template is None:
+        return read_problems(Path(problems) / "train.jsonl")
+    return _math_problems(problems, "train", prompt_template, subsets, checker, log)
+
+
+def heldout_problems(
+    problems: str, heldout: str | None, prompt_template: str | None, subsets: Sequence[str] | None,
+    checker: AnswerChecker, count: int | None = None, log: Callable[[str], None] = print,
+) -> list[Problem]:
+    """The fixed held-out set: the first `count` problems (all when None) of `heldout`, else of `problems`."""
+    if prompt_template is None:
+        found = read_problems(Path(heldout) if heldout else Path(problems) / "heldout.jsonl")
+    else:  # a separate held-out dataset has one default config; the training dataset's test split has subsets
+        found = _math_problems(heldout or problems, "test", prompt_template, None if heldout else subsets, checker, log)
+    if count is not None and len(found) < count:
+        raise ValueError(f"{count} held-out problems requested but only {len(found)} usable ones exist in "
+                         f"{heldout or problems}")
+    return found[:count]
+
+
+def _math_problems(source, split, prompt_template, subsets, checker, log) -> list[Problem]:
+    """MATH-schema problems, minus those whose gold answer math-verify cannot parse (reported, not fatal)."""
+    from .math_data import drop_unparsable, load_math_problems  # deferred: `datasets` is slow to import
+
+    found, report = load_math_problems(source, split, prompt_template, subsets)
+    kept, dropped = drop_unparsable(found, checker)
+    log(report.with_unparsable(len(dropped)).describe())
+    if dropped:
+        shown = ", ".join(f"{p.problem_id}: {p.answer!r}" for p in dropped[:5])
+        log(f"  dropped {len(dropped)} problem(s) whose gold answer math-verify cannot parse ({shown}"
+            f"{', ...' if len(dropped) > 5 else ''})")
+    return kept

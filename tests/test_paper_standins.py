@@ -1,0 +1,84 @@
+"""The paper profile end to end on CPU, with local stand-ins of its models and datasets (no network).
+
+The stand-ins have the paper world's architectures and file layouts: a Qwen3 student and teacher sharing
+one tokenizer, a Mistral PRM with its own tokenizer and step tag, hendrycks_math-style subject configs and
+a MATH-500-style held-out file. Only sizes change; precision (bf16 autocast), micro-batching, activation
+checkpointing, the prompt template and the loaders are the paper profile's own.
+"""
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from reward_density.params import REPO_ROOT, load_profile
+from reward_density.runner import main
+from reward_density.stand_ins import MATH_SUBJECTS, build_paper_stand_ins
+
+CELLS = "process-r256-s0,distillation-rfull-s0,outcome-r1-s0"
+SHRUNK = {"steps": 2, "eval_every": 1, "eval_problems": 4, "eval_batch_size": 4, "max_new_tokens": 24,
+          "eval_max_new_tokens": 24, "device": "cpu", "teacher_device": "cpu", "prm_device": "cpu"}
+
+
+def paper_profile_on(world: dict[str, str], folder) -> dict:
+    """params/paper.yaml with the world swapped for the stand-ins and the sizes shrunk for a CPU."""
+    data = yaml.safe_load((REPO_ROOT / "params" / "paper.yaml").read_text())
+    data["world"] = world
+    data["data"]["problem_subsets"] = list(MATH_SUBJECTS)
+    data["cell"].update(SHRUNK)
+    data["analysis"]["bootstrap_samples"] = 100
+    (folder / "params").mkdir(exist_ok=True)
+    (folder / "params" / "paper.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return data
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """A project root with the real notebooks and a paper profile pointing at freshly built stand-ins."""
+    root = tmp_path_factory.mktemp("paper")
+    (root / "notebooks").symlink_to(REPO_ROOT / "notebooks")
+    paper_profile_on(build_paper_stand_ins(root / "stand_ins"), root)
+    return root
+
+
+def test_the_paper_profile_keeps_its_gpu_settings_on_the_stand_ins(root):
+    profile = load_profile(root / "params" / "paper.yaml")
+    assert profile.cell["precision"] == "bf16" and profile.cell["gradient_checkpointing"]
+    assert profile.cell["micro_batch_size"] < profile.cell["prompts_per_step"] * profile.cell["group_size"]
+
+
+def test_paper_profile_cells_run_end_to_end_on_the_stand_ins(root):
+    code = main(["--profile", "paper", "--root", str(root), "--cells", CELLS, "--jobs", "2"])
+    assert code == 0, f"the paper run failed; see {root}/outputs/paper/cells/*/run.log"
+    cells = root / "outputs" / "paper" / "cells"
+    for name in CELLS.split(","):
+        folder = cells / name
+        assert (folder / "summary.json").is_file(), f"{name} did not finish"
+        params = json.loads((folder / "params.json").read_text())
+        assert params["precision"] == "bf16" and params["micro_batch_size"] == 4
+        assert params["prompt_template"].count("{problem}") == 1
+        history = pd.read_csv(folder / "history.csv")
+        assert list(history["step"]) == [1, 2] and history["loss"].notna().all()
+        answers = pd.read_csv(folder / "answers.csv")
+        # The held-out set is MATH-500's first usable problems: test/algebra/1.json has an unparsable gold.
+        assert sorted(set(answers["problem_id"])) == [f"test/algebra/{i}.json" for i in (0, 2, 3, 4)]
+    process = pd.read_csv(cells / "process-r256-s0" / "history.csv")
+    assert "process/steps_mean" in process.columns, "the PRM did not score the student's steps"
+    baseline = pd.read_csv(root / "outputs" / "paper" / "baseline" / "capability.csv")
+    assert list(baseline["model"]) == ["student", "teacher"]
+    accuracy = pd.read_csv(root / "outputs" / "paper" / "accuracy.csv")
+    assert set(accuracy["regime"]) == {"outcome", "process", "distillation"}
+
+
+def test_an_unreachable_model_or_dataset_stops_the_run_before_any_cell(root, tmp_path, capsys):
+    data = yaml.safe_load((root / "params" / "paper.yaml").read_text())
+    data["world"]["prm"] = "peiyi9979/math-shepherd-mistral-7b-prm"  # the hub is offline in the tests
+    data["world"]["heldout"] = str(tmp_path / "no-such-MATH-500")
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params" / "paper.yaml").write_text(yaml.safe_dump(data))
+    (tmp_path / "notebooks").symlink_to(REPO_ROOT / "notebooks")
+    assert main(["--profile", "paper", "--root", str(tmp_path), "--stages", "baseline,cells"]) == 2
+    error = capsys.readouterr().err
+    assert "world.prm = 'peiyi9979/math-shepherd-mistral-7b-prm'" in error, error
+    assert "world.heldout" in error and "no-such-MATH-500" in error, error
+    assert not (tmp_path / "outputs").exists(), "work started although the world cannot be reached"
