@@ -1,0 +1,148 @@
+"""GPU memory of one paper cell, estimated from the model shapes: what must fit on each device.
+
+An estimate, not a measurement: it counts the tensors that scale with the model and the sequence and
+ignores allocator fragmentation and CUDA workspaces (add ~10%). Run as
+`python -m reward_density.gpu_memory [--profile paper]` for the table the README shows.
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+GIB = 1024**3
+BF16, FP32 = 2, 4
+PROMPT_TOKENS = 256  # a long MATH prompt with the template, in Qwen tokens
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """The sizes of a Qwen3 / Mistral decoder that decide its memory (its config.json fields)."""
+
+    vocab: int
+    hidden: int
+    layers: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool
+    qk_norm: bool = True  # Qwen3 normalises queries and keys per head; Mistral does not
+
+    @classmethod
+    def of(cls, config: Any) -> DecoderShape:
+        """From a transformers config."""
+        return cls(config.vocab_size, config.hidden_size, config.num_hidden_layers, config.intermediate_size,
+                   config.num_attention_heads, config.num_key_value_heads, config.head_dim,
+                   bool(config.tie_word_embeddings), config.model_type == "qwen3")
+
+    def linears(self) -> list[tuple[int, int]]:
+        """(in, out) of every linear layer of one decoder layer (the ones LoRA 'all-linear' adapts)."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        h, i = self.hidden, self.intermediate
+        return [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]
+
+    def parameters(self) -> int:
+        """Every weight: embeddings, layers (linears and norms), final norm and the LM head unless tied."""
+        per_layer = sum(a * b for a, b in self.linears()) + 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+        head = 0 if self.tied else self.vocab * self.hidden
+        return self.vocab * self.hidden + self.layers * per_layer + self.hidden + head
+
+    def lora_parameters(self, rank: int) -> int:
+        """LoRA A and B of every linear layer of every decoder layer (the LM head is not adapted)."""
+        return self.layers * sum(rank * (a + b) for a, b in self.linears())
+
+    def kv_cache_bytes(self, tokens: int) -> int:
+        """Keys and values of every layer for `tokens` positions, in bf16."""
+        return tokens * self.layers * 2 * self.kv_heads * self.head_dim * BF16
+
+
+# Published config.json values of the paper's models.
+QWEN3_1_7B = DecoderShape(151936, 2048, 28, 6144, 16, 8, 128, tied=True)
+QWEN3_8B = DecoderShape(151936, 4096, 36, 12288, 32, 8, 128, tied=False)
+MATH_SHEPHERD_MISTRAL_7B = DecoderShape(32000, 4096, 32, 14336, 32, 8, 128, tied=False, qk_norm=False)
+
+
+def _activations(shape: DecoderShape, rows: int, tokens: int, checkpointing: bool) -> int:
+    """Activations kept for the backward pass of one micro-batch (bf16), roughly.
+
+    Per layer and token a decoder keeps ~ (10 hidden + 3 intermediate) values for the backward (norm
+    inputs, q/k/v, attention output, MLP gate/up/act); with checkpointing only each layer's input is kept,
+    plus one layer's worth while it is recomputed. Attention is flash/SDPA: no tokens^2 term.
+    """
+    per_layer = rows * tokens * (10 * shape.hidden + 3 * shape.intermediate) * BF16
+    if checkpointing:
+        return shape.layers * rows * tokens * shape.hidden * BF16 + per_layer
+    return shape.layers * per_layer
+
+
+def _logits(shape: DecoderShape, rows: int, completion: int) -> int:
+    """The LM head's output over the completion and what the log-prob needs of it (logits_to_keep)."""
+    # bf16 logits, their fp32 copy, the tempered copy, and the softmax kept for the backward.
+    return rows * completion * shape.vocab * (BF16 + 3 * FP32)
+
+
+def student_memory(cell: dict[str, Any], rank: int | None, shape: DecoderShape = QWEN3_1_7B) -> dict[str, float]:
+    """GiB on the student's device for one cell of a profile's `cell` section; rank None is FullFT."""
+    p = shape.parameters()
+    trained = p if rank is None else shape.lora_parameters(rank)
+    rows = cell["prompts_per_step"] * cell["group_size"]
+    micro = min(cell["micro_batch_size"], rows)
+    prompt, completion = PROMPT_TOKENS, cell["max_new_tokens"]
+    mixed = cell["precision"] == "bf16"
+    frozen = BF16 if mixed else FP32
+    parts = {
+        "weights": p * FP32 if rank is None else p * frozen + trained * FP32,
+        "reference copy": p * frozen if rank is None and cell["beta"] > 0 else 0,
+        "gradients": trained * FP32,
+        "AdamW moments": 2 * trained * FP32,
+        "activations (one micro-batch)": _activations(shape, micro, prompt + completion, cell["gradient_checkpointing"]),
+        "logits (one micro-batch)": _logits(shape, micro, completion),
+        "KV cache while sampling": shape.kv_cache_bytes(rows * (prompt + completion)),
+        "KV cache while evaluating": shape.kv_cache_bytes(cell["eval_batch_size"] * (prompt + cell["eval_max_new_tokens"])),
+    }
+    # Sampling, evaluating and the backward happen one after another: only the largest transient counts.
+    parts = {k: v / GIB for k, v in parts.items()}
+    backward = parts["activations (one micro-batch)"] + parts["logits (one micro-batch)"]
+    transient = max(backward, parts["KV cache while sampling"], parts["KV cache while evaluating"])
+    parts["peak"] = sum(v for k, v in parts.items() if "(one micro-batch)" not in k and "KV cache" not in k) + transient
+    return parts
+
+
+def scorer_memory(cell: dict[str, Any], shape: DecoderShape, tokens: int) -> float:
+    """GiB on the teacher's or the PRM's device: bf16 weights and one scoring micro-batch."""
+    micro = min(cell["micro_batch_size"], cell["prompts_per_step"] * cell["group_size"])
+    activations = micro * tokens * (2 * shape.hidden + shape.intermediate) * BF16  # no backward: one layer at a time
+    return (shape.parameters() * BF16 + activations + _logits(shape, micro, cell["max_new_tokens"])) / GIB
+
+
+def memory_table(cell: dict[str, Any], ranks: Sequence[int | None]) -> str:
+    """A markdown table of the student-device estimate per arm, and the teacher / PRM device."""
+    arms = [student_memory(cell, rank) for rank in ranks]
+    names = ["FullFT" if r is None else f"LoRA r={r}" for r in ranks]
+    lines = ["| GiB on the student's GPU | " + " | ".join(names) + " |", "|---" * (len(ranks) + 1) + "|"]
+    for key in arms[0]:
+        lines.append(f"| {key} | " + " | ".join(f"{arm[key]:.1f}" for arm in arms) + " |")
+    tokens = PROMPT_TOKENS + cell["max_new_tokens"]
+    teacher, prm = scorer_memory(cell, QWEN3_8B, tokens), scorer_memory(cell, MATH_SHEPHERD_MISTRAL_7B, tokens)
+    lines.append(f"\nSecond GPU: teacher Qwen3-8B {teacher:.1f} GiB (distillation), "
+                 f"PRM Math-Shepherd 7B {prm:.1f} GiB (process); both together {teacher + prm:.1f} GiB.")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    """Print the estimate for a profile's cell settings (default: the paper profile)."""
+    from .params import find_profile, load_profile
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="paper")
+    args = parser.parse_args(argv)
+    profile = load_profile(find_profile(args.profile))
+    table = memory_table(profile.cell, [None, max(profile.matrix.ranks), min(profile.matrix.ranks)])
+    print(table)
+    return table
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""The GPU memory estimate counts the same parameters the models have, and the paper cell fits an 80 GB GPU."""
+import pytest
+from peft import LoraConfig, get_peft_model
+
+from reward_density.gpu_memory import DecoderShape, memory_table, student_memory
+from reward_density.mini_world import ModelSpec, new_mistral, new_qwen3
+from reward_density.params import REPO_ROOT, load_profile
+from tiny_models import build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return build_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_parameter_count_matches_a_real_qwen3(tokenizer, tied):
+    model = new_qwen3(ModelSpec(32, 2), tokenizer, seed=0, tie_word_embeddings=tied)
+    assert DecoderShape.of(model.config).parameters() == sum(p.numel() for p in model.parameters())
+
+
+def test_parameter_count_matches_a_real_mistral(tokenizer):
+    model = new_mistral(ModelSpec(32, 2), tokenizer, seed=0)
+    assert DecoderShape.of(model.config).parameters() == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("rank", [1, 8])
+def test_lora_count_matches_peft_all_linear(tokenizer, rank):
+    model = new_qwen3(ModelSpec(32, 2), tokenizer, seed=0, tie_word_embeddings=True)
+    shape = DecoderShape.of(model.config)
+    peft_model = get_peft_model(model, LoraConfig(r=rank, target_modules="all-linear", task_type="CAUSAL_LM"))
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert shape.lora_parameters(rank) == trainable
+
+
+def test_the_paper_cell_fits_an_80_gb_gpu_in_every_arm():
+    cell = load_profile(REPO_ROOT / "params" / "paper.yaml").cell
+    for rank in (None, 256, 1):
+        peak = student_memory(cell, rank)["peak"]
+        assert 10 < peak < 0.9 * 80 * 1e9 / 2**30, f"rank {rank}: estimated peak {peak:.1f} GiB"
+    assert student_memory(cell, None)["peak"] > student_memory(cell, 256)["peak"] > student_memory(cell, 1)["peak"]
+    assert "Second GPU: teacher Qwen3-8B" in memory_table(cell, [None, 256])
