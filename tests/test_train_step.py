@@ -2,12 +2,13 @@
 import pytest
 import torch
 
+from reward_density.logprobs import completion_logprobs
 from reward_density.loss import LossConfig
 from reward_density.models import load_causal_lm, load_tokenizer
 from reward_density.policy import Policy, PolicyConfig
 from reward_density.problems import Problem
 from reward_density.rewards.distillation import DistillationReward
-from reward_density.sampler import SamplingConfig
+from reward_density.sampler import SamplingConfig, sample_rollout
 from reward_density.train_step import StepConfig, grpo_step
 from tiny_models import build_qwen3
 
@@ -97,3 +98,22 @@ def test_tokenizer_loads_from_its_folder_and_one_without_eos_is_refused(tiny_mod
 def test_a_folder_that_is_not_a_saved_model_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="has no config.json"):
         load_causal_lm(tmp_path)
+
+
+def test_sampling_from_the_merged_adapter_matches_the_unmerged_policy(tiny_model_dir, tiny_tokenizer):
+    torch.manual_seed(0)
+    policy = Policy(load_causal_lm(tiny_model_dir), PolicyConfig(rank=2), keep_reference=True)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)  # a trained adapter: merging must change the sampled distribution
+    base = {n: p.detach().clone() for n, p in policy.model.named_parameters() if "lora_" not in n}
+    sampling = SamplingConfig(max_new_tokens=8, temperature=0.7)
+    with policy.sampling() as merged:
+        assert any(m.merged for m in merged.modules() if hasattr(m, "merged")), "the adapter was not merged"
+        rollout = sample_rollout(merged, tiny_tokenizer, PROBLEMS, 3, sampling, seed=1)
+    learner = completion_logprobs(policy.model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                  rollout.completion_mask, 0.7)
+    assert torch.allclose(rollout.sampler_logps, learner, atol=1e-4), "merged sampling drew from another policy"
+    changed = [n for n, p in policy.model.named_parameters() if "lora_" not in n and not torch.equal(p, base[n])]
+    assert not changed, f"merging and unmerging left round-off in the frozen base: {changed[:3]}"

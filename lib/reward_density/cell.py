@@ -276,8 +276,8 @@ def train(config: CellConfig, inputs: CellInputs, policy: Policy, writer: CellWr
     step_config = config.step_config()
 
     def evaluate(step: int) -> float:
-        with autocast(config.device, config.precision):
-            pass1, rows = greedy_eval(policy.model, inputs.tokenizer, inputs.heldout, inputs.checker,
+        with autocast(config.device, config.precision), policy.sampling() as model:
+            pass1, rows = greedy_eval(model, inputs.tokenizer, inputs.heldout, inputs.checker,
                                       config.eval_max_new_tokens, batch_size=config.eval_batch_size)
         writer.add_eval(step, pass1, rows)
         return pass1

@@ -59,8 +59,8 @@ def grpo_step(
     model = policy.model
     model.eval()
     device = next(model.parameters()).device
-    with autocast(device, config.precision):
-        rollout = sample_rollout(model, tokenizer, problems, config.group_size, config.sampling, seed)
+    with autocast(device, config.precision), policy.sampling() as sampler:
+        rollout = sample_rollout(sampler, tokenizer, problems, config.group_size, config.sampling, seed)
     generated = time.perf_counter()
 
     with autocast(device, config.precision):
