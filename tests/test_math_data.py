@@ -120,6 +120,7 @@ def test_prompt_substitution_keeps_latex_braces_in_template_and_problem(tmp_path
     problems, _ = load_math_problems(str(path), "train", TEMPLATE)
     expected = "Solve, and put the answer in \\boxed{}.\nCompute $\\frac{1}{2}+0$.\nAnswer:"
     assert problems[0].prompt == expected, f"prompt mangled: {problems[0].prompt!r}"
+    assert problems[0].question == "Compute $\\frac{1}{2}+0$.", "the PRM's question should be the bare problem"
     assert problems[2].prompt.count(r"\{x\}") == 1, f"escaped braces of the problem lost: {problems[2].prompt!r}"
 
 
@@ -127,8 +128,8 @@ def test_math500_style_file_uses_unique_id_and_the_answer_column(tmp_path):
     path = write_jsonl(tmp_path / "math500" / "test.jsonl", MATH500_ROWS)
     problems, report = load_math_problems(str(path), "test", "{problem}")
     assert problems == [
-        Problem("test/prealgebra/1.json", "How many?", "8"),
-        Problem("test/geometry/5.json", "Which?", r"\text{(C)}"),
+        Problem("test/prealgebra/1.json", "How many?", "8", question="How many?"),
+        Problem("test/geometry/5.json", "Which?", r"\text{(C)}", question="Which?"),
     ], f"MATH-500 rows not read by unique_id and answer: {problems}"
     assert (report.rows, report.kept, report.no_gold) == (2, 2, 0), f"wrong report: {report}"
 

@@ -202,3 +202,12 @@ def test_steps_ending_in_one_token_share_a_deposit_holding_their_mean(prm, prm_t
     values = deposits.token_rewards[0, deposits.deposit_mask[0]].tolist()
     assert values == pytest.approx([(scores[0] + scores[1]) / 2, scores[2]], abs=1e-6), f"{values} vs {scores}"
     assert deposits.counters["process/steps_sharing_token"] == 1, f"sharing not counted: {deposits.counters}"
+
+
+def test_the_prm_is_shown_the_bare_question_not_the_prompt_template(prm, prm_tok, student):
+    prompt = "Solve step by step, one step per line.\n\nProblem: What is 12 + 7?\n\nSolution:\n"
+    rollout = make_rollout(student, [prompt], ["12 + 7 = 19\nThe answer is 19"], [False], group_size=1)
+    rollout.questions = ["What is 12 + 7?"]
+    spy = SpyScorer(prm, prm_tok)
+    ProcessReward(spy, student)(rollout)
+    assert "What is 12 + 7?" in spy.seen and not any("Solve step by step" in text for text in spy.seen), spy.seen

@@ -159,7 +159,7 @@ def load_math_problems(
                 continue
             problem_id = row.get("unique_id") or f"{subset or 'default'}/{split}/{index}"
             prompt = prompt_template.replace(PLACEHOLDER, str(row["problem"]))
-            problems.append(Problem(str(problem_id), prompt, answer))
+            problems.append(Problem(str(problem_id), prompt, answer, question=str(row["problem"])))
     return problems, MathLoadReport(source, split, rows, len(problems), no_gold)
 
 

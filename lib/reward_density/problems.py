@@ -9,11 +9,16 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Problem:
-    """One prompt and its gold answer (a bare answer such as '18' or '2\\sqrt{113}', unboxed)."""
+    """One prompt and its gold answer (a bare answer such as '18' or '2\\sqrt{113}', unboxed).
+
+    question: the bare problem text a PRM is shown (Math-Shepherd saw questions, not prompt templates);
+    empty when the prompt is the question itself, as in the mini world.
+    """
 
     problem_id: str
     prompt: str
     answer: str
+    question: str = ""
 
 
 def write_problems(path: Path, problems: Sequence[Problem], extra: Sequence[dict] | None = None) -> None:
@@ -22,7 +27,8 @@ def write_problems(path: Path, problems: Sequence[Problem], extra: Sequence[dict
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as handle:
         for problem, more in zip(problems, extra, strict=True):
-            handle.write(json.dumps({**asdict(problem), **more}) + "\n")
+            record = {k: v for k, v in asdict(problem).items() if k != "question" or v}
+            handle.write(json.dumps({**record, **more}) + "\n")
 
 
 def read_problems(path: Path) -> list[Problem]:
@@ -34,7 +40,7 @@ def read_problems(path: Path) -> list[Problem]:
         for line_number, line in enumerate(handle, 1):
             try:
                 row = json.loads(line)
-                problems.append(Problem(str(row["problem_id"]), row["prompt"], str(row["answer"])))
+                problems.append(Problem(str(row["problem_id"]), row["prompt"], str(row["answer"]), row.get("question", "")))
             except (json.JSONDecodeError, KeyError, TypeError) as error:
                 raise ValueError(f"{path}:{line_number}: not a problem record ({error!r})") from error
     return problems

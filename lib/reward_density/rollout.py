@@ -16,6 +16,7 @@ class Rollout:
     truncated: [N] bool, True where the completion hit the length cap without an EOS.
     prompts/completions: decoded text (special tokens skipped), one entry per row.
     answers: the gold answer of each row's problem (only the outcome reward reads it).
+    questions: the bare question of each row's problem, for a PRM (None: the prompts are the questions).
     """
 
     prompt_ids: torch.Tensor
@@ -28,6 +29,7 @@ class Rollout:
     prompts: list[str]
     completions: list[str]
     answers: list[str | None]
+    questions: list[str] | None = None
 
     @property
     def num_completions(self) -> int:

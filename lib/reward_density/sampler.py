@@ -72,6 +72,7 @@ def sample_rollout(
         prompts=[p.prompt for p in problems for _ in range(group_size)],
         completions=texts,
         answers=[p.answer for p in problems for _ in range(group_size)],
+        questions=[p.question or p.prompt for p in problems for _ in range(group_size)],
     )
 
 

@@ -118,7 +118,7 @@ class ProcessReward:
             ends = step_end_tokens(self.tokenizer, completion_ids[i, positions].tolist(), rollout.completions[i], steps)
             steps_per_row.append([s.text for s in steps])
             ends_per_row.append(positions[ends].tolist())
-        scores, lost = self.scorer.score_batch(list(rollout.prompts), steps_per_row)
+        scores, lost = self.scorer.score_batch(list(rollout.questions or rollout.prompts), steps_per_row)
 
         token_rewards = torch.zeros(n, width)
         deposit_mask = torch.zeros(n, width, dtype=torch.bool)
