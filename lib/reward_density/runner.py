@@ -253,20 +253,20 @@ def run_matrix(
             pending.append(cell)
     if report.skipped:
         tqdm.write(f"{len(report.skipped)} finished cell(s) skipped", file=sys.stderr)
-    free_gpus: list[str | None] = list(gpus) if gpus else [None] * jobs
+    free_slots: list[str | None] = list(gpus) if gpus else [None] * jobs
     running: list[_Running] = []
     bar = tqdm(total=len(report.skipped) + len(pending), initial=len(report.skipped), desc=profile.name,
                unit="cell", file=sys.stderr, dynamic_ncols=True)
     try:
         with _sigterm_as_interrupt():
             while pending or running:
-                while pending and free_gpus:
-                    env = cell_env(jobs, free_gpus.pop(0))
+                while pending and free_slots:
+                    env = cell_env(jobs, free_slots.pop(0))
                     running.append(_launch(pending.pop(0), profile, root, notebook, env))
                 time.sleep(POLL_SECONDS)
                 for item in [item for item in running if item.process.poll() is not None]:
                     running.remove(item)
-                    free_gpus.append(item.gpus)
+                    free_slots.append(item.gpus)
                     _record(item, report, bar)
     finally:
         _stop(running)
