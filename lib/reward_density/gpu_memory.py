@@ -92,22 +92,24 @@ def student_memory(cell: dict[str, Any], rank: int | None, shape: DecoderShape =
     prompt, completion = PROMPT_TOKENS, cell["max_new_tokens"]
     mixed = cell["precision"] == "bf16"
     frozen = BF16 if mixed else FP32
-    parts = {
+    persistent = {
         "weights": p * FP32 if rank is None else p * frozen + trained * FP32,
         "reference copy": p * frozen if rank is None and cell["beta"] > 0 else 0,
         "gradients": trained * FP32,
         "AdamW moments": 2 * trained * FP32,
+    }
+    backward = {
         "activations (one micro-batch)": _activations(shape, micro, prompt + completion, cell["gradient_checkpointing"]),
         "logits (one micro-batch)": _logits(shape, micro, completion),
-        "KV cache while sampling": shape.kv_cache_bytes(rows * (prompt + completion)),
-        "KV cache while evaluating": shape.kv_cache_bytes(cell["eval_batch_size"] * (prompt + cell["eval_max_new_tokens"])),
     }
-    # Sampling, evaluating and the backward happen one after another: only the largest transient counts.
-    parts = {k: v / GIB for k, v in parts.items()}
-    backward = parts["activations (one micro-batch)"] + parts["logits (one micro-batch)"]
-    transient = max(backward, parts["KV cache while sampling"], parts["KV cache while evaluating"])
-    parts["peak"] = sum(v for k, v in parts.items() if "(one micro-batch)" not in k and "KV cache" not in k) + transient
-    return parts
+    sampling = {"KV cache while sampling": shape.kv_cache_bytes(rows * (prompt + completion))}
+    evaluating = {
+        "KV cache while evaluating": shape.kv_cache_bytes(cell["eval_batch_size"] * (prompt + cell["eval_max_new_tokens"]))
+    }
+    # Sampling, evaluating and the backward happen one after another: only the largest phase counts.
+    peak = sum(persistent.values()) + max(sum(phase.values()) for phase in (backward, sampling, evaluating))
+    parts = {**persistent, **backward, **sampling, **evaluating, "peak": peak}
+    return {k: v / GIB for k, v in parts.items()}
 
 
 def scorer_memory(cell: dict[str, Any], shape: DecoderShape, tokens: int) -> float:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .answer_check import AnswerChecker
+from .models import is_local
 from .problems import Problem
 
 PLACEHOLDER = "{problem}"
@@ -92,15 +93,11 @@ def gold_answer(row: dict) -> str | None:
     return boxed.strip() if boxed and boxed.strip() else None
 
 
-def _is_local(source: str) -> bool:
-    return Path(source).expanduser().exists() or source.startswith(("/", ".", "~"))
-
-
 def _load(source: str, split: str, subset: str | None):
     """One dataset split: a local file, a local folder's config, or a hub config."""
     import datasets
 
-    if not _is_local(source):
+    if not is_local(source):
         try:
             return datasets.load_dataset(source, subset, split=split)
         except Exception as error:

@@ -7,11 +7,16 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 
+def is_local(source: str) -> bool:
+    """Whether a model or dataset source names a local path (path-like, or existing) rather than a hub id."""
+    return source.startswith((".", "/", "~")) or Path(source).expanduser().exists()
+
+
 def _source(name_or_path: str | Path, what: str, required_file: str) -> str:
     """A path-like source must be a folder holding required_file; anything else is taken as a hub id."""
     source = str(name_or_path)
     folder = Path(source).expanduser()
-    if source.startswith((".", "/", "~")) or folder.exists():
+    if is_local(source):
         if not folder.is_dir():
             raise FileNotFoundError(f"{what} folder not found: {folder}")
         if not (folder / required_file).exists():

@@ -63,11 +63,13 @@ class Policy:
             # The frozen base in storage precision; peft keeps the adapters fp32 (autocast_adapter_dtype).
             self.model = get_peft_model(base_model.to(frozen_dtype(config.precision)), lora)
             self._reference = None
+            self._lora_layers = [m for m in self.model.modules() if isinstance(m, LoraLayer)]
         else:
             # FullFT keeps fp32 master weights; the frozen copy exists only when the KL term needs it.
             self.model = base_model.float()
             reference = _frozen_copy(base_model, frozen_dtype(config.precision)) if keep_reference else None
             self._reference = reference
+            self._lora_layers = []
         self.has_reference = config.is_lora or keep_reference
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
@@ -81,7 +83,7 @@ class Policy:
         subtracts B @ A again, which leaves round-off in the frozen base, so the base weights are
         restored exactly from a copy. A bf16 base is not merged: rounding would swallow small updates.
         """
-        layers = [m for m in self.model.modules() if isinstance(m, LoraLayer)] if self.config.is_lora else []
+        layers = self._lora_layers
         if not layers or any(layer.get_base_layer().weight.dtype != torch.float32 for layer in layers):
             yield self.model
             return

@@ -77,7 +77,7 @@ def grpo_step(
             ref_logps = policy.reference_logprobs(rollout, config.sampling.temperature, config.micro_batch_size)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    out = _backward(model, rollout, advantages, ref_logps, config)
+    out = _backward(model, device, rollout, advantages, ref_logps, config)
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm)
     optimizer.step()
     done = time.perf_counter()
@@ -107,12 +107,12 @@ def grpo_step(
 
 
 def _backward(
-    model: torch.nn.Module, rollout, advantages: torch.Tensor, ref_logps: torch.Tensor | None, config: StepConfig
+    model: torch.nn.Module, device: torch.device, rollout, advantages: torch.Tensor, ref_logps: torch.Tensor | None,
+    config: StepConfig,
 ) -> LossOutput:
     """Loss and gradients one micro-batch at a time; they add up to the whole batch's (loss.BatchTotals)."""
     mask = rollout.completion_mask
     totals = BatchTotals(rows=mask.shape[0], tokens=float(mask.sum()))
-    device = next(model.parameters()).device
     total = LossOutput(torch.zeros(()), 0.0, 0.0, 0.0)
     for rows in micro_batches(mask.shape[0], config.micro_batch_size):
         with autocast(device, config.precision):
