@@ -61,7 +61,7 @@ def test_mini_order_and_names():
     ]
     assert [c.name for c in cells[15:18]] == ["outcome-rfull-s0", "outcome-rfull-s1", "outcome-rfull-s2"]
     assert cells[18].name == "process-r1-s0" and cells[-1].name == "distillation-rfull-s2"
-    assert {c.learning_rate for c in cells if c.rank is None} == {3.0e-5}
+    assert {c.learning_rate for c in cells if c.rank is None} == {1.0e-4}
     assert {c.learning_rate for c in cells if c.rank is not None} == {3.0e-4}
 
 

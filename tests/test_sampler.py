@@ -4,7 +4,7 @@ import torch
 
 from reward_density.logprobs import completion_logprobs
 from reward_density.problems import Problem
-from reward_density.sampler import SamplingConfig, sample_rollout
+from reward_density.sampler import SamplingConfig, _pick, sample_rollout
 from tiny_models import build_qwen3
 
 PROBLEMS = [
@@ -97,3 +97,16 @@ def test_a_tokenizer_without_eos_is_refused(model, tiny_tokenizer):
 def test_bad_sampling_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingConfig(**kwargs)
+
+
+def test_draws_follow_the_tempered_top_p_distribution():
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    config = SamplingConfig(max_new_tokens=1, temperature=0.7, top_p=0.8)
+    probs = torch.softmax(logits / config.temperature, dim=-1)
+    kept = (probs.cumsum(-1) - probs) <= config.top_p  # sorted already: the smallest prefix reaching top_p
+    expected = torch.where(kept, probs, 0.0) / probs[kept].sum()
+    tokens, logps = _pick(logits.expand(40_000, -1), config, torch.Generator().manual_seed(0))
+    observed = torch.bincount(tokens, minlength=5).float() / len(tokens)
+    assert observed[~kept].sum() == 0, f"a token outside the top-p set was drawn: {observed}"
+    torch.testing.assert_close(observed, expected, atol=0.01, rtol=0, msg=f"draw frequencies {observed} vs {expected}")
+    torch.testing.assert_close(logps, torch.log(probs)[tokens], msg="log-probs are taken under the full tempered distribution")

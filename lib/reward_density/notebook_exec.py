@@ -71,6 +71,9 @@ def execute_notebook(
             progress_bar=False,
             log_output=log_output,
             request_save_on_cell_execute=True,
+            # Every output has arrived when the last cell ends; a graceful shutdown would wait 2.5 s
+            # for a kernel that has spawned a process (the math-verify worker) before killing it anyway.
+            shutdown_kernel="immediate",
         )
     except (PapermillExecutionError, DeadKernelError) as exc:
         raise NotebookFailed(source, output, _describe(exc)) from exc

@@ -8,14 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .models import load_config
-
 
 class WorldUnreachable(ValueError):
     """Some model or dataset of the profile cannot be reached; the message lists each with the reason."""
 
 
 def _model_problem(key: str, source: str) -> str | None:
+    from .models import load_config  # torch and transformers: imported only when a check runs
+
     try:
         load_config(source, what=key)
     except Exception as error:  # a missing folder, an unknown id, an offline hub: all stop the run here

@@ -8,6 +8,7 @@ import torch
 
 from .logprobs import position_ids_from_mask
 from .problems import Problem
+from .qwen3_decode import make_decoder
 from .rollout import Rollout
 
 
@@ -78,30 +79,48 @@ def sample_rollout(
 
 def _decode(model, prompt_ids, prompt_mask, config, eos, pad, generator):
     """The token loop: one cached forward per new token until every row has an EOS or the cap."""
-    attention_mask = prompt_mask.long()
-    positions = position_ids_from_mask(attention_mask)
-    out = model(input_ids=prompt_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True)
+    batch, prompt_len = prompt_ids.shape
+    decoder = make_decoder(model, batch, prompt_len + config.max_new_tokens) or _TransformersDecoder(model)
+    positions = position_ids_from_mask(prompt_mask)
+    logits = decoder.prefill(prompt_ids, prompt_mask.long(), positions)
     next_position = positions[:, -1:] + 1
-    finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
     tokens, logps = [], []
     for _ in range(config.max_new_tokens):
-        token, logp = _pick(out.logits[:, -1, :].float(), config, generator)
+        token, logp = _pick(logits.float(), config, generator)
         token = token.masked_fill(finished, pad)
         tokens.append(token)
         logps.append(logp)
         finished = finished | (token == eos)
         if finished.all():
             break
-        attention_mask = torch.cat([attention_mask, (~finished).long().unsqueeze(1)], dim=1)
-        out = model(
-            input_ids=token.unsqueeze(1),
-            attention_mask=attention_mask,
-            position_ids=next_position,
-            past_key_values=out.past_key_values,
-            use_cache=True,
-        )
+        logits = decoder.extend(token, next_position, ~finished)
         next_position = next_position + 1
     return torch.stack(tokens, dim=1), torch.stack(logps, dim=1), finished
+
+
+class _TransformersDecoder:
+    """The model's own cached forward, for architectures qwen3_decode does not reproduce."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.cache = self.attention_mask = None
+
+    def prefill(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        self.attention_mask = attention_mask
+        return self._forward(input_ids, position_ids)
+
+    def extend(self, tokens, position_ids, attend) -> torch.Tensor:
+        self.attention_mask = torch.cat([self.attention_mask, attend.long().unsqueeze(1)], dim=1)
+        return self._forward(tokens.unsqueeze(1), position_ids)
+
+    def _forward(self, input_ids, position_ids) -> torch.Tensor:
+        out = self.model(
+            input_ids=input_ids, attention_mask=self.attention_mask, position_ids=position_ids,
+            past_key_values=self.cache, use_cache=True,
+        )
+        self.cache = out.past_key_values
+        return out.logits[:, -1, :]
 
 
 def _pick(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator):
@@ -110,13 +129,15 @@ def _pick(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generat
         token = logits.argmax(dim=-1)
         return token, torch.log_softmax(logits, dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
     logp_all = torch.log_softmax(logits / config.temperature, dim=-1)
-    probs = logp_all.exp()
+    sorted_probs, order = logp_all.exp().sort(dim=-1, descending=True)
     if config.top_p < 1:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
         outside = sorted_probs.cumsum(-1) - sorted_probs > config.top_p  # the first token always stays
         sorted_probs = sorted_probs.masked_fill(outside, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    # Inverse-CDF draw over the kept tokens: one uniform per row (cheaper than multinomial per token).
+    cdf = sorted_probs.cumsum(-1)
+    uniform = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]
+    index = torch.searchsorted(cdf, uniform, right=True).clamp(max=cdf.shape[-1] - 1)
+    token = order.gather(-1, index).squeeze(-1)
     return token, logp_all.gather(-1, token.unsqueeze(-1)).squeeze(-1)
 
 

@@ -1,0 +1,119 @@
+"""The sampling decoder reproduces transformers' Qwen3 forward: same logits, same tokens, LoRA included."""
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import MistralConfig, MistralForCausalLM
+
+from reward_density import sampler
+from reward_density.logprobs import position_ids_from_mask
+from reward_density.problems import Problem
+from reward_density.qwen3_decode import Qwen3Decoder, make_decoder
+from reward_density.sampler import SamplingConfig, sample_rollout
+from tiny_models import build_qwen3
+
+PROBLEMS = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\nStep 1:", "41")]
+
+
+def _left_padded_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    ids = torch.randint(3, vocab, (3, 7))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding of different widths
+    mask[2, :1] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def _lora(model: torch.nn.Module) -> torch.nn.Module:
+    """A LoRA-wrapped copy whose adapters are non-zero, so they change the logits."""
+    wrapped = get_peft_model(model, LoraConfig(r=2, lora_alpha=32, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, parameter in wrapped.named_parameters():
+            if "lora_" in name:
+                parameter.normal_(0, 0.05)
+    return wrapped.eval()
+
+
+def _assert_decoder_matches_forward(model: torch.nn.Module, vocab: int, new_tokens: int = 5) -> None:
+    """Prefill then extend token by token; each live row's logits must equal a full forward over its sequence."""
+    ids, mask = _left_padded_batch(vocab)
+    decoder = make_decoder(model, ids.shape[0], ids.shape[1] + new_tokens)
+    assert decoder is not None, "a plain Qwen3 must get the fast decoder"
+    positions = position_ids_from_mask(mask)
+    with torch.no_grad():
+        logits = decoder.prefill(ids, mask, positions)
+        live = torch.ones(ids.shape[0], dtype=torch.bool)
+        for step in range(new_tokens + 1):
+            full = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits[:, -1]
+            torch.testing.assert_close(logits[live], full[live], atol=2e-5, rtol=1e-4,
+                                       msg=f"logits differ at new token {step}")
+            if step == new_tokens:
+                break
+            token = logits.argmax(-1)
+            attend = torch.tensor([True, step < 2, True])  # row 1 "finishes" after two tokens (then it is padding)
+            live &= attend
+            logits = decoder.extend(token, positions[:, -1:] + 1 + step, attend)
+            ids = torch.cat([ids, token[:, None]], dim=1)
+            mask = torch.cat([mask, attend.long()[:, None]], dim=1)
+
+
+def test_logits_match_transformers_on_a_left_padded_batch(tiny_tokenizer):
+    _assert_decoder_matches_forward(build_qwen3(len(tiny_tokenizer), seed=0), len(tiny_tokenizer))
+
+
+def test_logits_match_with_tied_embeddings(tiny_tokenizer):
+    model = build_qwen3(len(tiny_tokenizer), seed=1)
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    _assert_decoder_matches_forward(model, len(tiny_tokenizer))
+
+
+def test_logits_match_an_unmerged_lora_model(tiny_tokenizer):
+    _assert_decoder_matches_forward(_lora(build_qwen3(len(tiny_tokenizer), seed=2)), len(tiny_tokenizer))
+
+
+def test_a_disabled_adapter_decodes_the_base_model(tiny_tokenizer):
+    model = _lora(build_qwen3(len(tiny_tokenizer), seed=2))
+    with model.disable_adapter():
+        _assert_decoder_matches_forward(model, len(tiny_tokenizer))
+
+
+def _rollout(model, tokenizer, config: SamplingConfig, fast: bool, monkeypatch) -> object:
+    with monkeypatch.context() as patch:
+        if not fast:
+            patch.setattr(sampler, "make_decoder", lambda *args: None)
+        return sample_rollout(model, tokenizer, PROBLEMS, 4, config, seed=5)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_rollouts_equal_the_transformers_path(tiny_tokenizer, monkeypatch, temperature):
+    model = _lora(build_qwen3(len(tiny_tokenizer), seed=4))
+    config = SamplingConfig(max_new_tokens=12, temperature=temperature, top_p=0.95)
+    fast = _rollout(model, tiny_tokenizer, config, True, monkeypatch)
+    slow = _rollout(model, tiny_tokenizer, config, False, monkeypatch)
+    assert torch.equal(fast.completion_ids, slow.completion_ids), "the fast decoder drew different tokens"
+    torch.testing.assert_close(fast.sampler_logps, slow.sampler_logps, atol=1e-5, rtol=1e-4)
+    assert torch.equal(fast.truncated, slow.truncated)
+
+
+def test_other_architectures_and_hooked_models_use_the_transformers_forward(tiny_tokenizer):
+    mistral = MistralForCausalLM(MistralConfig(
+        vocab_size=len(tiny_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=1,
+    )).eval()
+    assert make_decoder(mistral, 2, 8) is None
+    rollout = sample_rollout(mistral, tiny_tokenizer, PROBLEMS, 2, SamplingConfig(max_new_tokens=4), seed=0)
+    assert rollout.completion_ids.shape[0] == 4
+
+    hooked = build_qwen3(len(tiny_tokenizer), seed=0)
+    hooked.lm_head.register_forward_hook(lambda module, inputs, output: output)
+    assert not Qwen3Decoder.supports(hooked), "a forward hook would be bypassed"
+
+
+def test_dropout_in_training_mode_falls_back(tiny_tokenizer):
+    model = get_peft_model(build_qwen3(len(tiny_tokenizer), seed=0),
+                           LoraConfig(r=2, lora_alpha=32, lora_dropout=0.1, target_modules="all-linear"))
+    model.train()
+    assert not Qwen3Decoder.supports(model)
+    model.eval()
+    assert Qwen3Decoder.supports(model)
