@@ -52,6 +52,19 @@ accuracy = analysis.accuracy_table(cells)
 print(accuracy.markdown)
 
 # %% [markdown]
+# ## Did RL move pass@1?
+#
+# Before asking which rank matches FullFT, check that training moved anything: each cell's final answers
+# minus its own step-0 answers, paired by seed and held-out problem, with the same two-way bootstrap CI as
+# below. A star marks a CI that excludes 0. Many problems flip both ways during training, so a gain of a
+# few points on 100 problems can sit inside its CI even when every seed improved.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+gain = analysis.gain_table(cells, confidence, bootstrap_samples)
+print(gain.markdown)
+
+# %% [markdown]
 # ## Equivalence of each LoRA rank with FullFT
 #
 # "Inside ±1 sd" is not a test. Here each LoRA arm is paired with FullFT by seed and held-out problem at the

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from reward_density import analysis
-from reward_density.analysis import accuracy_table, equivalence_table, load_cells, write_report
+from reward_density.analysis import accuracy_table, equivalence_table, gain_table, load_cells, write_report
 
 N_PROBLEMS = 10
 BASE = 3  # problems the base model solves
@@ -116,17 +116,29 @@ def test_equivalence_table_pairs_final_answers(outputs):
     assert frame.iloc[2]["estimate"] == pytest.approx(0.1)
 
 
+def test_gain_table_pairs_each_cell_with_its_own_base(outputs):
+    table = gain_table(load_cells(outputs), n_boot=300)
+    frame = table.frame.set_index(["regime", "arm"])
+    full = frame.loc[("outcome", "full")]
+    assert full["base"] == pytest.approx(BASE / N_PROBLEMS) and full["final"] == pytest.approx(0.7)
+    assert full["gain"] == pytest.approx(np.mean([6 - BASE, 8 - BASE]) / N_PROBLEMS)
+    assert full["ci_low"] > 0, "every seed solved more problems, and none fewer: the CI must exclude 0"
+    assert frame.loc[("outcome", "r2"), "gain"] == pytest.approx(0.2)
+    assert frame.loc[("process", "full"), "gain"] == pytest.approx(np.mean([1 - BASE, 3 - BASE]) / N_PROBLEMS)
+    assert "| outcome | +0.200 [" in table.markdown and "| +0.400* [" in table.markdown, table.markdown
+
+
 def test_report_and_every_figure_are_written_deterministically(outputs, tmp_path):
     cells = load_cells(outputs)
     out = tmp_path / "analysis"
     report = write_report(cells, out, margin=0.05, confidence=0.95, n_boot=200, profile_name="smoke")
-    names = ["accuracy.csv", "accuracy.md", "equivalence.csv", "report.md"]
+    names = ["accuracy.csv", "accuracy.md", "equivalence.csv", "gain.csv", "report.md"]
     names += [f"figures/{f}.png" for f in analysis.FIGURES]
     first = {n: (out / n).read_bytes() for n in names}
     assert report == out / "report.md" and all(first.values())
     text = report.read_text()
     assert "Finished cells: 12 of 16" in text and "±0.05" in text and "d = 128" in text and "r2 = d/64" in text
-    assert "figures/process_collapse.png" in text
+    assert "figures/process_collapse.png" in text and "Final minus base" in text
     write_report(cells, out, margin=0.05, confidence=0.95, n_boot=200, profile_name="smoke")
     assert {n: (out / n).read_bytes() for n in names} == first
 

@@ -214,6 +214,48 @@ def equivalence_table(cells: Cells, margin: float, confidence: float = 0.95, n_b
     return Table(frame, _equivalence_markdown(frame, margin, confidence))
 
 
+def gain_table(cells: Cells, confidence: float = 0.95, n_boot: int = 2000, seed: int = 0) -> Table:
+    """Per regime and arm: did RL move pass@1? Final minus step-0 answers of the same cells, paired bootstrap CI."""
+    answers = cells.answers
+    base, final = answers[answers["step"] == 0], final_answers(cells)
+    final = final[final["step"] > 0]  # a cell that never trained has no gain to report
+    rows = []
+    for regime in regimes(cells):
+        for arm in arms(cells):
+            row = {"regime": regime, "arm": arm}
+            before, after = (frame[(frame["regime"] == regime) & (frame["arm"] == arm)] for frame in (base, final))
+            if before.empty or after.empty:
+                rows.append({**row, "reason": "no step-0 and final evaluation of the same cell"})
+                continue
+            diff = paired_bootstrap_diff(after, before, confidence, n_boot, seed)
+            rows.append({
+                **row, "base": before["correct"].mean(),
+                "final": after["correct"].mean(), "gain": diff.estimate, "ci_low": diff.ci_low,
+                "ci_high": diff.ci_high, "n_seeds": diff.n_seeds, "n_problems": diff.n_problems, "reason": "",
+            })
+    columns = ["regime", "arm", "base", "final", "gain", "ci_low", "ci_high", "n_seeds", "n_problems", "reason"]
+    frame = pd.DataFrame(rows, columns=columns).astype({"n_seeds": "Int64", "n_problems": "Int64"})
+    return Table(frame, _gain_markdown(frame))
+
+
+def _gain_markdown(frame: pd.DataFrame) -> str:
+    """Regime rows x arm columns of "gain [CI]", a star where the CI excludes 0."""
+    if frame.empty:
+        return "No evaluated cell.\n"
+    columns = list(dict.fromkeys(frame["arm"]))
+    lines = []
+    for regime, group in frame.groupby("regime", sort=False):
+        values = {}
+        for r in group.itertuples():
+            if r.reason:
+                values[r.arm] = "–"
+                continue
+            moved = "*" if r.ci_low > 0 or r.ci_high < 0 else ""
+            values[r.arm] = f"{r.gain:+.3f}{moved} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
+        lines.append([regime, *(values.get(c, "–") for c in columns)])
+    return markdown_table(["regime", *columns], lines)
+
+
 def _answers_of(answers: pd.DataFrame, regime: str, rank: int | None) -> pd.DataFrame:
     """One arm's final answers in one regime (rank None = FullFT)."""
     arm = answers["rank"].isna() if rank is None else answers["rank"] == rank
@@ -458,7 +500,9 @@ def write_report(
     (out / "figures").mkdir(parents=True, exist_ok=True)
     accuracy = accuracy_table(cells)
     equivalence = equivalence_table(cells, margin, confidence, n_boot, seed)
+    gain = gain_table(cells, confidence, n_boot, seed)
     accuracy.frame.to_csv(out / "accuracy.csv", index=False)
+    gain.frame.to_csv(out / "gain.csv", index=False)
     (out / "accuracy.md").write_text(accuracy.markdown)
     equivalence.frame.to_csv(out / "equivalence.csv", index=False)
     for name, plot in FIGURES.items():
@@ -477,6 +521,12 @@ def write_report(
         "Process is shown at its peak over evaluations after step 0 and at the end of training.",
         "",
         accuracy.markdown,
+        "## Did RL move pass@1? Final minus base",
+        "",
+        f"Each cell's final answers minus its own step-0 answers, paired over seeds and held-out problems; "
+        f"two-way bootstrap ({n_boot} replicates), {confidence:.0%} percentile CI; * where the CI excludes 0.",
+        "",
+        gain.markdown,
         "## Equivalence of LoRA and FullFT",
         "",
         f"Paired over seeds and held-out problems at each cell's final evaluation; two-way bootstrap over seeds "
