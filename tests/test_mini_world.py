@@ -16,6 +16,7 @@ from reward_density.arithmetic import (
     realistic_trace,
     sample_expression,
 )
+from reward_density import mini_world
 from reward_density.mini_world import build_world, component_keys, stale_components, world_config, WorldBuildError
 from reward_density.models import load_causal_lm, load_tokenizer
 from reward_density.problems import read_problems
@@ -164,6 +165,15 @@ def test_an_up_to_date_world_is_skipped_and_a_changed_setting_rebuilds_only_what
     changed = world_config("smoke", prm_training={"steps": 11})
     assert stale_components(changed, folder) == ["prm"]
     assert component_keys(changed)["student"] == component_keys(world_config("smoke"))["student"]
+
+
+def test_a_new_sampling_version_rebuilds_only_the_prm(world, monkeypatch):
+    folder, _ = world
+    before = component_keys(world_config("smoke"))
+    monkeypatch.setattr(mini_world, "SAMPLING_VERSION", mini_world.SAMPLING_VERSION + 1)
+    after = component_keys(world_config("smoke"))
+    assert [name for name in before if before[name] != after[name]] == ["prm"], "the PRM's labels are sampled"
+    assert stale_components(world_config("smoke"), folder) == ["prm"]
 
 
 def test_the_same_seed_builds_the_same_world(world, tmp_path):

@@ -39,6 +39,7 @@ from .prm_training import (
 from .problems import Problem, read_problems, write_problems
 from .provenance import manifest, write_json_atomic
 from .rewards.process import PRMScorer
+from .sampler import SAMPLING_VERSION
 from .supervised import SupervisedConfig, encode_pairs, pretrain
 
 STUDENT_SPECIALS = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>"}
@@ -168,7 +169,7 @@ def component_keys(config: WorldConfig) -> dict[str, str]:
     )
     keys["prm"] = _key(
         "prm", keys["student"], keys["teacher"], config.prm, config.prm_vocab_size, config.prm_pretraining, config.prm_problems,
-        config.prm_heldout_fraction, config.labelling, config.prm_training,
+        config.prm_heldout_fraction, config.labelling, config.prm_training, SAMPLING_VERSION,
     )
     return keys
 

@@ -40,7 +40,7 @@ class Qwen3Decoder:
     """Prefill a left-padded batch, then extend it one token at a time; each call returns the last logits."""
 
     def __init__(self, model: Qwen3ForCausalLM, batch_size: int, max_length: int) -> None:
-        self.config = config = model.config
+        config = model.config
         inner = model.model
         self.embed = inner.embed_tokens.weight
         self.norm = inner.norm

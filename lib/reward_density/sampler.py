@@ -11,6 +11,10 @@ from .problems import Problem
 from .qwen3_decode import make_decoder
 from .rollout import Rollout
 
+# Bumped whenever the same seed would draw different tokens (the mini world's PRM is labelled from
+# sampled solutions, so its build key includes this and a changed draw rebuilds it).
+SAMPLING_VERSION = 2  # 2: inverse-CDF draws instead of torch.multinomial
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
