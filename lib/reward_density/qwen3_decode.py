@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from transformers import Qwen3ForCausalLM
 from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
-_LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_LAYER_LINEARS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
 
 
 def effective_weight(linear: torch.nn.Module) -> torch.Tensor:
@@ -47,7 +47,8 @@ class Qwen3Decoder:
         self.lm_head = effective_weight(model.lm_head)
         self.inv_freq = inner.rotary_emb.inv_freq
         self.layers = [
-            (layer, {name: effective_weight(_linear(layer, name)) for name in _LAYER_LINEARS})
+            (layer, {name: effective_weight(getattr(getattr(layer, block), name))
+                     for block, names in _LAYER_LINEARS.items() for name in names})
             for layer in inner.layers
         ]
         self.heads, self.kv_heads, self.head_dim = (
@@ -129,10 +130,6 @@ class Qwen3Decoder:
         key = torch.arange(end, device=device)[None, :]
         allowed = (key <= query) & (self.key_mask[:, None, :end] | (key == query))
         return allowed[:, None]
-
-
-def _linear(layer: torch.nn.Module, name: str) -> torch.nn.Module:
-    return getattr(layer.self_attn if name in ("q_proj", "k_proj", "v_proj", "o_proj") else layer.mlp, name)
 
 
 def make_decoder(model: torch.nn.Module, batch_size: int, max_length: int) -> Qwen3Decoder | None:
