@@ -43,14 +43,14 @@ run_tests() {
 
 run_study() {
   # Defaults: the mini profile, one cell per core; options given later override them (argparse: last wins).
-  "$PY" -m reward_density.runner --profile mini --jobs "$(nproc 2>/dev/null || echo 1)" "$@"
+  "$PY" -m reward_density.run --profile mini --jobs "$(nproc 2>/dev/null || echo 1)" "$@"
 }
 
 case "${1:-}" in
   setup) setup ;;
   test) shift; setup; run_tests "$@" ;;
   -h|--help) echo "usage: ./run_all.sh [setup | test [pytest args] | [runner options]]" >&2
-             setup >/dev/null; "$PY" -m reward_density.runner --help ;;
+             setup >/dev/null; "$PY" -m reward_density.run --help ;;
   ""|--*) setup; run_study "$@" ;;
   *) echo "usage: ./run_all.sh [setup | test [pytest args] | [--profile P] [--cells GLOBS] [--jobs N]]" >&2; exit 2 ;;
 esac

@@ -14,7 +14,7 @@
 # This notebook joins the finished cells of one profile (`<outputs_dir>/cells/<regime>-r<rank|full>-s<seed>/`,
 # finished when `summary.json` exists) into the study's tables and figures, and writes a markdown report.
 # A partial matrix is fine: tables show what exists and comparisons that cannot be made say why.
-# All logic lives in `reward_density.analysis` and `reward_density.statistics`; this notebook only calls it.
+# All logic lives in `reward_density.analysis` (load, tables, statistics, plots, report); this notebook only calls it.
 
 # %% tags=["parameters"]
 profile = "smoke"
@@ -26,17 +26,17 @@ confidence = 0.95
 # %%
 from IPython.display import Image, Markdown, display
 
-from reward_density import analysis
-from reward_density.params import REPO_ROOT
+from reward_density.analysis import load, plots, report, tables
+from reward_density.experiment.profiles import REPO_ROOT
 
 report_dir = REPO_ROOT / outputs_dir  # relative paths are taken from the repository root
-cells = analysis.load_cells(report_dir)  # tables, figures/ and report.md are written beside cells/
+cells = load.load_cells(report_dir)  # tables, figures/ and report.md are written beside cells/
 
 # %%
 # NBVAL_CHECK_OUTPUT
-counts = analysis.matrix_counts(cells)
+counts = report.matrix_counts(cells)
 print(f"{counts['finished']} finished cells of a {counts['regimes']} x {counts['arms']} x {counts['seeds']} matrix")
-print("regimes:", ", ".join(analysis.regimes(cells)), "| arms:", ", ".join(analysis.arms(cells)))
+print("regimes:", ", ".join(load.regimes(cells)), "| arms:", ", ".join(load.arms(cells)))
 
 # %% [markdown]
 # ## Accuracy
@@ -48,7 +48,7 @@ print("regimes:", ", ".join(analysis.regimes(cells)), "| arms:", ", ".join(analy
 
 # %%
 # NBVAL_CHECK_OUTPUT
-accuracy = analysis.accuracy_table(cells)
+accuracy = tables.accuracy_table(cells)
 print(accuracy.markdown)
 
 # %% [markdown]
@@ -61,7 +61,7 @@ print(accuracy.markdown)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-gain = analysis.gain_table(cells, confidence, bootstrap_samples)
+gain = tables.gain_table(cells, confidence, bootstrap_samples)
 print(gain.markdown)
 
 # %% [markdown]
@@ -74,7 +74,7 @@ print(gain.markdown)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-equivalence = analysis.equivalence_table(cells, equivalence_margin, confidence, bootstrap_samples)
+equivalence = tables.equivalence_table(cells, equivalence_margin, confidence, bootstrap_samples)
 print(equivalence.markdown)
 
 # %% [markdown]
@@ -86,7 +86,7 @@ print(equivalence.markdown)
 
 # %%
 figures = report_dir / "figures"
-analysis.plot_pass1_vs_rank(cells, figures / "pass1_vs_rank.png");
+plots.plot_pass1_vs_rank(cells, figures / "pass1_vs_rank.png");
 display(Image(figures / "pass1_vs_rank.png"))
 
 # %% [markdown]
@@ -96,7 +96,7 @@ display(Image(figures / "pass1_vs_rank.png"))
 # reward pushes the policy. The paper reports 0.64 (outcome), 1.00 (distillation) and 9.05 (process).
 
 # %%
-analysis.plot_peak_advantage_std(cells, figures / "peak_advantage_std.png");
+plots.plot_peak_advantage_std(cells, figures / "peak_advantage_std.png");
 display(Image(figures / "peak_advantage_std.png"))
 
 # %% [markdown]
@@ -106,7 +106,7 @@ display(Image(figures / "peak_advantage_std.png"))
 # sees the process regime collapse between steps 60 and 80 as rollouts grow to the length cap.
 
 # %%
-analysis.plot_process_collapse(cells, figures / "process_collapse.png");
+plots.plot_process_collapse(cells, figures / "process_collapse.png");
 display(Image(figures / "process_collapse.png"))
 
 # %% [markdown]
@@ -115,15 +115,15 @@ display(Image(figures / "process_collapse.png"))
 # One panel per regime, one line per arm (mean over seeds), with the base model's pass@1 as the anchor.
 
 # %%
-analysis.plot_pass1_over_training(cells, figures / "pass1_over_training.png");
+plots.plot_pass1_over_training(cells, figures / "pass1_over_training.png");
 display(Image(figures / "pass1_over_training.png"))
 
 # %% [markdown]
 # ## Report
 #
-# The tables (CSV and markdown), the figures and `report.md` tying them together, under `<outputs_dir>/analysis/`.
+# The tables (CSV and markdown), the figures and `report.md` tying them together, under `<outputs_dir>`.
 
 # %%
-report = analysis.write_report(cells, report_dir, equivalence_margin, confidence, bootstrap_samples, profile)
-print(report)
-display(Markdown(report.read_text()))
+report_path = report.write_report(cells, report_dir, equivalence_margin, confidence, bootstrap_samples, profile)
+print(report_path)
+display(Markdown(report_path.read_text()))

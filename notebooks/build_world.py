@@ -43,8 +43,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from reward_density.mini_world import build_world, stale_components, world_config
-from reward_density.params import REPO_ROOT
+from reward_density.experiment.profiles import REPO_ROOT
+from reward_density.world.build import build_world, stale_components, world_config
 
 targets = {k: v for k, v in {"student_target": student_target, "teacher_min_accuracy": teacher_min_accuracy}.items()
            if v is not None}
@@ -76,7 +76,7 @@ print(pd.DataFrame(rows).to_string(index=False))
 #
 # The base traces the student learns from are sometimes imperfect on purpose: a redundant line, a slip
 # carried to a wrong answer, rambling after the answer line (see `TaskConfig` in
-# `reward_density.arithmetic`); nothing in the world rules out length growth or reward hacking.
+# `reward_density.world.task`); nothing in the world rules out length growth or reward hacking.
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -41,13 +41,15 @@ import pandas as pd
 import torch
 from IPython.display import Image, display
 
-from reward_density.answer_check import AnswerChecker
-from reward_density.baseline import capability_markdown, capability_row, plot_capability
-from reward_density.models import load_causal_lm, load_tokenizer
-from reward_density.params import REPO_ROOT, resolve_world_entry
-from reward_density.precision import autocast, frozen_dtype
-from reward_density.problem_sets import heldout_problems
-from reward_density.sampler import SamplingConfig
+from reward_density.analysis.plots import plot_capability
+from reward_density.analysis.tables import capability_markdown
+from reward_density.data.answer_check import AnswerChecker
+from reward_density.data.problem_sets import heldout_problems
+from reward_density.data.sources import load_causal_lm, load_tokenizer
+from reward_density.experiment.baseline import capability_row
+from reward_density.experiment.profiles import REPO_ROOT, resolve_world_entry
+from reward_density.grpo.precision import autocast, frozen_dtype
+from reward_density.grpo.sampler import SamplingConfig
 
 
 def local(path):

@@ -15,76 +15,69 @@
 # densely they deposit reward on a completion: **outcome** (one deposit: is the `\boxed{}` answer right),
 # **process** (one per reasoning step: the PRM's P(+)), **distillation** (one per token: the teacher's
 # log-prob minus the student's). This notebook is one point of the matrix; papermill runs it once per
-# (regime, rank, seed) with the parameters below (`params/<profile>.yaml` holds them) and the matrix
-# runner collects the folders it writes.
+# (regime, rank, seed) of a profile (`params/<profile>.yaml`), and the matrix runner collects the folders it
+# writes. Run it by hand with papermill's command line too: `papermill train_cell.ipynb out.ipynb -p profile mini
+# -p rank full` trains one FullFT cell of the mini study with that profile's settings and FullFT rate
+# (`papermill --help-notebook train_cell.ipynb` lists every setting with its type; see `jupytext --to ipynb`).
 
 # %% tags=["parameters"]
-profile = "smoke"
-regime = "outcome"  # outcome | process | distillation
-rank = 1  # LoRA rank, or "full" for full fine-tuning
-seed = 0
-learning_rate = 3e-4
-steps = 2
-prompts_per_step = 2  # P
-group_size = 2  # G
-temperature = 0.7
-top_p = 0.95
-max_new_tokens = 16
-beta = 0.05
-kl_estimator = "paper"  # paper | k3 | k1
-loss_normalisation = "token_mean"  # token_mean | sequence_mean | constant
-eval_every = 1
-eval_problems = 8
-eval_max_new_tokens = 16
-eval_batch_size = 8
-lora_alpha = 32
-lora_dropout = 0.0
-weight_decay = 0.0
-max_grad_norm = 1.0
-advantage_eps = 1e-4
-device = "cpu"
-teacher_device = "cpu"
-prm_device = "cpu"
-precision = "fp32"  # fp32 | bf16 (bf16 autocast, trained weights kept in fp32)
-micro_batch_size = 2  # rows per forward/backward pass
-gradient_checkpointing = False
-student = "outputs/smoke/world/student"
-teacher = "outputs/smoke/world/teacher"
-prm = "outputs/smoke/world/prm"
-problems = "outputs/smoke/world/problems"
-heldout = None
-prompt_template = None  # MATH-schema datasets (paper world): the prompt around each problem
-problem_subsets = None  # the dataset configs of `problems` to read
-out_dir = "outputs/smoke/cells/outcome-r1-s0"
+from typing import Optional, Union  # the annotations below are what `papermill --help-notebook` shows
+
+profile: str = "smoke"  # a profile name (params/<name>.yaml) or the path of a profile file
+regime: str = "outcome"  # the reward: outcome | process | distillation
+rank: Union[int, str] = 1  # LoRA rank, or "full" for full fine-tuning
+seed: int = 0  # seeds the adapter initialisation, the problem order and the sampling
+# Every setting below left at None takes the profile's value, or the schema default in [brackets]
+# (reward_density.experiment.config.CellConfig).
+learning_rate: Optional[float] = None  # AdamW learning rate (matrix.learning_rate of the arm); None: the profile's rate for this arm
+steps: Optional[int] = None  # GRPO steps [100]
+prompts_per_step: Optional[int] = None  # P, problems per step [4]
+group_size: Optional[int] = None  # G, samples per problem [4]
+temperature: Optional[float] = None  # sampling temperature; log-probs are taken at it too [0.7]
+top_p: Optional[float] = None  # nucleus sampling mass [0.95]
+max_new_tokens: Optional[int] = None  # completion cap while training [1536]
+beta: Optional[float] = None  # KL penalty weight; 0 skips the reference pass [0.05]
+kl_estimator: Optional[str] = None  # paper (Eq. 5) | k3 | k1 ['paper']
+loss_normalisation: Optional[str] = None  # token_mean (paper) | sequence_mean (GRPO) | constant (Dr. GRPO) ['token_mean']
+advantage_eps: Optional[float] = None  # added to the group std (Eq. 3) [0.0001]
+max_grad_norm: Optional[float] = None  # gradient-norm clip [1.0]
+weight_decay: Optional[float] = None  # AdamW weight decay [0.0]
+lora_alpha: Optional[float] = None  # LoRA alpha, whatever the rank [32]
+lora_dropout: Optional[float] = None  # LoRA dropout [0.0]
+eval_every: Optional[int] = None  # evaluate every this many steps (and at 0 and the end) [10]
+eval_problems: Optional[int] = None  # the first this many held-out problems [100]
+eval_max_new_tokens: Optional[int] = None  # completion cap while evaluating [1536]
+eval_batch_size: Optional[int] = None  # held-out problems per greedy batch [50]
+device: Optional[str] = None  # the student's device (policy and reference) ['cpu']
+teacher_device: Optional[str] = None  # the distillation teacher's device ['cpu']
+prm_device: Optional[str] = None  # the process reward model's device ['cpu']
+precision: Optional[str] = None  # fp32 | bf16 (autocast; trained weights stay fp32) ['fp32']
+micro_batch_size: Optional[int] = None  # rows per forward/backward pass (unset: the whole batch) [None]
+gradient_checkpointing: Optional[bool] = None  # recompute activations in the backward [False]
+student: Optional[str] = None  # the policy's base model; None: the profile's world.student
+teacher: Optional[str] = None  # the distillation teacher; None: the profile's world.teacher
+prm: Optional[str] = None  # the process reward model; None: the profile's world.prm
+problems: Optional[str] = None  # the training problems; None: the profile's world.problems
+heldout: Optional[str] = None  # the held-out problems (unset: the mini world's problems/heldout.jsonl) [None]
+prompt_template: Optional[str] = None  # the prompt around each problem (unset: the mini world's own files) [None]
+problem_subsets: Optional[list[str]] = None  # dataset configs of `problems` to read (unset: the default one) [None]
+out_dir: Optional[str] = None  # the cell folder; None: outputs/<profile>/cells/<cell name>
 
 # %%
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from reward_density import cell
-from reward_density.answer_check import AnswerChecker
-from reward_density.params import REPO_ROOT, resolve_world_entry
+from reward_density.data.answer_check import AnswerChecker
+from reward_density.experiment import cell
+from reward_density.experiment.config import notebook_settings
+from reward_density.experiment.profiles import cell_config, find_profile, load_profile
 
-
-def local(path):
-    """Local paths are taken from the repository root wherever Jupyter started; hub ids pass through."""
-    return None if path is None else resolve_world_entry(path, REPO_ROOT)
-
-
-parameters = dict(
-    profile=profile, regime=regime, rank=rank, seed=seed, learning_rate=learning_rate, steps=steps,
-    prompts_per_step=prompts_per_step, group_size=group_size, temperature=temperature, top_p=top_p,
-    max_new_tokens=max_new_tokens, beta=beta, kl_estimator=kl_estimator, loss_normalisation=loss_normalisation,
-    eval_every=eval_every, eval_problems=eval_problems, eval_max_new_tokens=eval_max_new_tokens,
-    eval_batch_size=eval_batch_size, lora_alpha=lora_alpha, lora_dropout=lora_dropout, weight_decay=weight_decay,
-    max_grad_norm=max_grad_norm, advantage_eps=advantage_eps, device=device, teacher_device=teacher_device,
-    prm_device=prm_device, precision=precision, micro_batch_size=micro_batch_size,
-    gradient_checkpointing=gradient_checkpointing, student=local(student), teacher=local(teacher), prm=local(prm),
-    problems=local(problems), heldout=local(heldout), prompt_template=prompt_template,
-    problem_subsets=problem_subsets, out_dir=str(REPO_ROOT / out_dir),
-)
-config = cell.CellConfig.from_parameters(parameters)
+# %%
+# NBVAL_CHECK_OUTPUT
+# The parameters cell above assigned every setting by name; those left at None come from the profile.
+settings = {f.name: globals()[f.name] for f in notebook_settings() if globals()[f.name] is not None}
+config = cell_config(load_profile(find_profile(profile)), regime, rank, seed, **settings)
 print(f"cell {config.name} ({config.profile}): lr {config.learning_rate}, {config.steps} steps of "
       f"P={config.prompts_per_step} x G={config.group_size}, {config.precision} on {config.device}")
 

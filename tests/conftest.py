@@ -6,7 +6,7 @@ os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
 
 import pytest  # noqa: E402
 
-from tiny_models import build_qwen3, build_tokenizer  # noqa: E402
+from reward_density.tools.stand_ins import build_qwen3, build_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +26,7 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
 def pytest_collection_finish(session):
     """The golden notebooks read the smoke world under outputs/smoke/world: build it first (seconds; skipped if up to date)."""
     if any(str(item.path).endswith(".ipynb") for item in session.items):
-        from reward_density.mini_world import build_world, world_config
-        from reward_density.params import REPO_ROOT
+        from reward_density.experiment.profiles import REPO_ROOT
+        from reward_density.world.build import build_world, world_config
 
         build_world(world_config("smoke"), REPO_ROOT / "outputs" / "smoke" / "world", log=lambda line: None)

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from reward_density.advantages import compute_advantages, is_dense
+from reward_density.grpo.advantages import compute_advantages, is_dense
 
 EPS = 1e-4
 

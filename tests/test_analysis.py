@@ -5,8 +5,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from reward_density import analysis
-from reward_density.analysis import accuracy_table, equivalence_table, gain_table, load_cells, write_report
+from reward_density.analysis.load import arms, load_cells, regimes
+from reward_density.analysis.plots import FIGURES
+from reward_density.analysis.report import write_report
+from reward_density.analysis.tables import accuracy_table, equivalence_table, gain_table
 
 N_PROBLEMS = 10
 BASE = 3  # problems the base model solves
@@ -54,8 +56,8 @@ PROCESS_PEAK = 7
 @pytest.fixture
 def outputs(tmp_path):
     """2 regimes x ranks {1, 2} + FullFT x 2 seeds, and one unfinished folder."""
-    for regime, arms in FINAL.items():
-        for rank, finals in arms.items():
+    for regime, by_rank in FINAL.items():
+        for rank, finals in by_rank.items():
             for seed, final in enumerate(finals):
                 peak = PROCESS_PEAK - seed if regime == "process" else None
                 write_cell(tmp_path, regime, rank, seed, final, peak=peak, adv_std=9.0 if regime == "process" else 0.6)
@@ -73,7 +75,7 @@ def test_load_ignores_unfinished_cells(outputs):
     assert len(cells.summaries) == 12 and cells.unfinished == ("outcome-r4-s0",)
     assert set(cells.answers["cell"]) == set(cells.summaries["cell"])
     assert str(cells.summaries["rank"].dtype) == "Int64" and cells.summaries["rank"].isna().sum() == 4
-    assert analysis.arms(cells) == ["r1", "r2", "full"] and analysis.regimes(cells) == ["outcome", "process"]
+    assert arms(cells) == ["r1", "r2", "full"] and regimes(cells) == ["outcome", "process"]
     assert set(cells.answers["correct"]) == {0, 1} and cells.answers["problem_id"].iloc[0] == "000"
     assert {"process/steps_mean", "outcome/correct"} <= set(cells.history.columns)
 
@@ -133,7 +135,7 @@ def test_report_and_every_figure_are_written_deterministically(outputs, tmp_path
     out = tmp_path / "analysis"
     report = write_report(cells, out, margin=0.05, confidence=0.95, n_boot=200, profile_name="smoke")
     names = ["accuracy.csv", "accuracy.md", "equivalence.csv", "gain.csv", "report.md"]
-    names += [f"figures/{f}.png" for f in analysis.FIGURES]
+    names += [f"figures/{f}.png" for f in FIGURES]
     first = {n: (out / n).read_bytes() for n in names}
     assert report == out / "report.md" and all(first.values())
     text = report.read_text()
@@ -154,7 +156,7 @@ def test_one_seed_without_fullft_still_reports(tmp_path):
     assert equivalence.frame["reason"].str.contains("no finished FullFT").all()
     report = write_report(cells, tmp_path / "analysis", margin=0.05, n_boot=100, profile_name="tiny")
     assert "skipped: no finished FullFT" in report.read_text()
-    assert all((tmp_path / "analysis" / "figures" / f"{f}.png").is_file() for f in analysis.FIGURES)
+    assert all((tmp_path / "analysis" / "figures" / f"{f}.png").is_file() for f in FIGURES)
 
 
 def test_fullft_without_shared_seed_is_skipped_with_reason(tmp_path):
@@ -174,4 +176,4 @@ def test_partial_matrices_still_report(tmp_path, setup):
         write_cell(tmp_path, *cell)
     report = write_report(load_cells(tmp_path), tmp_path / "analysis", margin=0.05, n_boot=50, profile_name="partial")
     assert report.is_file()
-    assert all((tmp_path / "analysis" / "figures" / f"{f}.png").is_file() for f in analysis.FIGURES)
+    assert all((tmp_path / "analysis" / "figures" / f"{f}.png").is_file() for f in FIGURES)

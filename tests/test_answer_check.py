@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from reward_density.answer_check import AnswerChecker, Verdict, has_boxed_answer, wrap_gold
+from reward_density.data.answer_check import AnswerChecker, Verdict, has_boxed_answer, wrap_gold
 
 # 9^(9^9) has ~370 million digits; sympy tries to evaluate it and runs for minutes.
 PATHOLOGICAL = r"\boxed{9^{9^{9}}}"

@@ -1,7 +1,7 @@
 """The step-speed benchmark runs end to end on tiny sizes (no speed threshold: it measures, it does not judge)."""
 import json
 
-from reward_density.benchmark import PHASES, BenchConfig, main
+from reward_density.tools.benchmark import PHASES, BenchConfig, main
 
 
 def test_benchmark_times_both_implementations_on_both_arms_and_writes_json(tmp_path):

@@ -3,11 +3,11 @@ import itertools
 
 import pytest
 
-from reward_density.answer_check import AnswerChecker
-from reward_density.evaluation import greedy_eval, pass_at_k, sampled_pass_at_k
-from reward_density.problems import Problem
-from reward_density.sampler import SamplingConfig
-from tiny_models import build_qwen3
+from reward_density.data.answer_check import AnswerChecker
+from reward_density.data.problems import Problem
+from reward_density.experiment.evaluation import greedy_eval, pass_at_k, sampled_pass_at_k
+from reward_density.grpo.sampler import SamplingConfig
+from reward_density.tools.stand_ins import build_qwen3
 
 
 @pytest.mark.parametrize("n,c,k", [(4, 0, 1), (4, 1, 1), (8, 3, 4), (5, 5, 2), (6, 2, 6)])

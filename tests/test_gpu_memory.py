@@ -2,10 +2,10 @@
 import pytest
 from peft import LoraConfig, get_peft_model
 
-from reward_density.gpu_memory import DecoderShape, memory_table, student_memory
-from reward_density.mini_world import ModelSpec, new_mistral, new_qwen3
-from reward_density.params import REPO_ROOT, load_profile
-from tiny_models import build_tokenizer
+from reward_density.experiment.profiles import REPO_ROOT, load_profile
+from reward_density.tools.gpu_memory import DecoderShape, memory_table, student_memory
+from reward_density.tools.stand_ins import build_tokenizer
+from reward_density.world.architectures import ModelSpec, new_mistral, new_qwen3
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from reward_density.loss import LossConfig, grpo_loss
+from reward_density.grpo.loss import LossConfig, grpo_loss
 
 EPSILON = 0.2
-LIB = Path(__file__).resolve().parents[1] / "lib" / "reward_density"
+GRPO = Path(__file__).resolve().parents[1] / "lib" / "reward_density" / "grpo"
 
 
 def reference_loss(logps, old, ref, adv, valid, subset, beta, estimator, normalisation, constant_length):
@@ -140,7 +140,7 @@ def test_disagreeing_shapes_are_refused():
 
 @pytest.mark.parametrize("module", ["loss.py", "advantages.py"])
 def test_no_regime_name_appears_in_the_loss_or_advantage_code(module):
-    tree = ast.parse((LIB / module).read_text())
+    tree = ast.parse((GRPO / module).read_text())
     for node in ast.walk(tree):  # docstrings may talk about regimes; the code may not
         body = getattr(node, "body", None)
         if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):

@@ -8,8 +8,8 @@ import datasets
 import huggingface_hub.constants
 import pytest
 
-from reward_density.answer_check import AnswerChecker, Verdict
-from reward_density.math_data import (
+from reward_density.data.answer_check import AnswerChecker, Verdict
+from reward_density.data.math_data import (
     DataUnavailable,
     MathLoadReport,
     drop_unparsable,
@@ -17,7 +17,7 @@ from reward_density.math_data import (
     last_boxed,
     load_math_problems,
 )
-from reward_density.problems import Problem
+from reward_density.data.problems import Problem
 
 TEMPLATE = "Solve, and put the answer in \\boxed{}.\n{problem}\nAnswer:"
 

@@ -6,8 +6,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, MistralForCausalLM, Qwen3ForCausalLM
 
-from reward_density.answer_check import AnswerChecker, Verdict
-from reward_density.arithmetic import (
+from reward_density.data.answer_check import AnswerChecker, Verdict
+from reward_density.data.problems import read_problems
+from reward_density.data.sources import load_causal_lm, load_tokenizer
+from reward_density.data.steps import split_steps
+from reward_density.grpo.sampler import SamplingConfig, sample_rollout
+from reward_density.rewards import build_reward
+from reward_density.rewards.process import PRMScorer
+from reward_density.world import build as mini_world
+from reward_density.world.build import WorldBuildError, build_world, component_keys, stale_components, world_config
+from reward_density.world.task import (
     ANSWER_LINE,
     TaskConfig,
     clean_trace,
@@ -16,15 +24,6 @@ from reward_density.arithmetic import (
     realistic_trace,
     sample_expression,
 )
-from reward_density import mini_world
-from reward_density.mini_world import build_world, component_keys, stale_components, world_config, WorldBuildError
-from reward_density.models import load_causal_lm, load_tokenizer
-from reward_density.problems import read_problems
-from reward_density.rewards import build_reward
-from reward_density.rewards.process import PRMScorer
-from reward_density.sampler import SamplingConfig, sample_rollout
-from reward_density.steps import split_steps
-
 
 # ------------------------------------------------------------------------------------ the task
 

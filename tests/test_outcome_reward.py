@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reward_density.answer_check import AnswerChecker, Verdict
+from reward_density.data.answer_check import AnswerChecker, Verdict
+from reward_density.grpo.rollout import Rollout
 from reward_density.rewards.outcome import OutcomeReward
-from reward_density.rollout import Rollout
 
 T = 6
 

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from reward_density.params import REPO_ROOT, load_profile
-from reward_density.runner import main
-from reward_density.stand_ins import MATH_SUBJECTS, build_paper_stand_ins
+from reward_density.experiment.profiles import REPO_ROOT, load_profile
+from reward_density.run.cli import main
+from reward_density.tools.stand_ins import MATH_SUBJECTS, build_paper_stand_ins
 
 CELLS = "process-r256-s0,distillation-rfull-s0,outcome-r1-s0"
 SHRUNK = {"steps": 2, "eval_every": 1, "eval_problems": 4, "eval_batch_size": 4, "max_new_tokens": 24,

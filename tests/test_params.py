@@ -2,12 +2,21 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from reward_density.params import REPO_ROOT, Cell, ProfileError, find_profile, load_profile, resolve_world_entry
+from reward_density.experiment.config import CellConfig
+from reward_density.experiment.profiles import (
+    REPO_ROOT,
+    ProfileError,
+    cell_config,
+    find_profile,
+    load_profile,
+    resolve_world_entry,
+)
 
 SMOKE = yaml.safe_load((REPO_ROOT / "params" / "smoke.yaml").read_text())
 
@@ -70,18 +79,60 @@ def test_ranks_sorted_ascending_then_full(tmp_path):
     assert [c.name for c in profile.cells()] == ["process-r1-s0", "process-r4-s0", "process-rfull-s0"]
 
 
-def test_cell_parameters(tmp_path):
+def test_cell_config_merges_profile_arm_and_root(tmp_path):
     profile = load_profile(find_profile("smoke"))
-    full = Cell("process", None, 0, 3.0e-5)
-    params = full.parameters(profile, tmp_path / "cell", root=tmp_path)
-    assert params["rank"] == "full" and params["regime"] == "process" and params["learning_rate"] == 3.0e-5
-    assert params["out_dir"] == str(tmp_path / "cell") and params["profile"] == "smoke"
-    assert params["student"] == str(tmp_path / "outputs/smoke/world/student")
-    assert {k: params[k] for k in profile.cell} == profile.cell
+    config = cell_config(profile, "process", "full", 0, out_dir=tmp_path / "cell", root=tmp_path)
+    assert config.rank is None and config.regime == "process" and config.learning_rate == 3.0e-5
+    assert config.out_dir == str(tmp_path / "cell") and config.profile == "smoke"
+    assert config.student == str(tmp_path / "outputs/smoke/world/student")
+    params = config.to_parameters()
+    assert params["rank"] == "full" and {k: params[k] for k in profile.cell} == profile.cell
     paper = load_profile(find_profile("paper"))
-    params = Cell("outcome", 4, 1, 3.0e-5).parameters(paper, tmp_path, root=tmp_path)
-    assert params["student"] == "Qwen/Qwen3-1.7B-Base" and params["heldout"] == "HuggingFaceH4/MATH-500"
-    assert params["rank"] == 4
+    config = cell_config(paper, "outcome", 4, 1, root=tmp_path)
+    assert config.student == "Qwen/Qwen3-1.7B-Base" and config.heldout == "HuggingFaceH4/MATH-500"
+    assert config.rank == 4 and config.learning_rate == 3.0e-5
+    assert config.out_dir == str(tmp_path / "outputs/paper/cells/outcome-r4-s1")
+
+
+def test_a_setting_left_out_takes_the_arm_rate_and_the_profile_value():
+    smoke = load_profile(find_profile("smoke"))
+    full, lora = (cell_config(smoke, "outcome", rank, 0) for rank in ("full", 1))
+    assert (full.learning_rate, lora.learning_rate) == (smoke.matrix.learning_rate["full"], smoke.matrix.learning_rate["lora"])
+    assert full.steps == smoke.cell["steps"] and full.max_new_tokens == smoke.cell["max_new_tokens"]
+    assert cell_config(smoke, "outcome", "full", 0, steps=7, learning_rate=0.5).steps == 7
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"stepz": 3}, "unknown cell settings ['stepz']"),
+    ({"steps": 0}, "cell setting steps = 0: expected a positive integer"),
+    ({"kl_estimator": "k2"}, "cell setting kl_estimator = 'k2': expected one of paper, k3, k1"),
+])
+def test_cell_config_rejects_bad_settings_by_name(settings, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cell_config(load_profile(find_profile("smoke")), "outcome", 1, 0, **settings)
+
+
+@pytest.mark.parametrize("rank, message", [(0, "rank must be a positive integer or 'full', got 0"),
+                                           ("r4", "got 'r4'"), (True, "got True")])
+def test_a_rank_that_is_not_a_positive_integer_or_full_is_refused(rank, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cell_config(load_profile(find_profile("smoke")), "outcome", rank, 0)
+
+
+def test_a_profile_may_leave_out_cell_settings_and_gets_the_schema_defaults(tmp_path):
+    profile = load_profile(write_profile(tmp_path, tiny(cell__steps=None, cell__max_new_tokens=None)))
+    defaults = {f.name: f.default for f in CellConfig.settings("cell")}
+    assert profile.cell["steps"] == defaults["steps"] == 100 and profile.cell["max_new_tokens"] == defaults["max_new_tokens"]
+    assert set(profile.cell) == set(defaults)
+    bare = load_profile(write_profile(tmp_path, tiny(cell=None)))
+    assert bare.cell == defaults
+
+
+def test_without_full_ft_a_full_learning_rate_is_allowed_and_unused(tmp_path):
+    profile = load_profile(write_profile(tmp_path, tiny(matrix__full_ft=False)))
+    assert all(cell.rank is not None for cell in profile.cells())
+    without = load_profile(write_profile(tmp_path, tiny(matrix__full_ft=False, matrix__learning_rate={"lora": 1e-3})))
+    assert [c.learning_rate for c in without.cells()] == [1e-3] * len(without.cells())
 
 
 def test_world_entry_rule(tmp_path):
@@ -100,7 +151,6 @@ def test_world_entry_rule(tmp_path):
         ({"matrix__rank": [1]}, "matrix.rank: unknown key", "regimes, ranks, full_ft, seeds, learning_rate"),
         ({"cell__lr": 0.1}, "cell.lr: unknown key", "allowed keys in cell: steps"),
         ({"world__tokenizer": "x"}, "world.tokenizer: unknown key", "student, teacher, prm, problems, heldout"),
-        ({"cell__steps": None}, "cell.steps: missing key", "required in cell"),
         ({"analysis": None}, "analysis: missing key", "required in the profile"),
         ({"matrix__ranks": [1, 0]}, "matrix.ranks[1] = 0", "a positive integer"),
         ({"matrix__ranks": [-2]}, "matrix.ranks[0] = -2", "a positive integer"),
@@ -113,7 +163,7 @@ def test_world_entry_rule(tmp_path):
         ({"matrix__regimes": ["outcome", "dense"]}, "matrix.regimes[1] = 'dense'", "outcome, process, distillation"),
         ({"matrix__full_ft": "yes"}, "matrix.full_ft = 'yes'", "true or false"),
         ({"matrix__learning_rate": {"lora": 3.0e-4}}, "matrix.learning_rate.full: missing key", "lora, full"),
-        ({"matrix__full_ft": False}, "matrix.learning_rate.full", "matrix.full_ft is false"),
+        ({"matrix__learning_rate__dora": 1e-3}, "matrix.learning_rate.dora: unknown key", "lora, full"),
         ({"matrix__learning_rate__lora": "3e-4"}, "matrix.learning_rate.lora = '3e-4'", "write it with a dot"),
         ({"matrix__learning_rate__full": 0}, "matrix.learning_rate.full = 0", "a positive number"),
         ({"cell__steps": True}, "cell.steps = True", "a positive integer"),

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from reward_density.params import REPO_ROOT, load_profile
-from reward_density.runner import main
+from reward_density.experiment.profiles import REPO_ROOT, load_profile
+from reward_density.run.cli import main
 
 SMOKE = load_profile(REPO_ROOT / "params" / "smoke.yaml")
 
@@ -38,7 +38,7 @@ def test_the_capability_baseline_compares_student_and_teacher(root):
 
 
 def test_a_killed_run_resumes_without_rerunning_finished_cells(root):
-    command = [sys.executable, "-m", "reward_density.runner", "--profile", "smoke", "--root", str(root),
+    command = [sys.executable, "-m", "reward_density.run", "--profile", "smoke", "--root", str(root),
                "--stages", "cells"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 300

@@ -2,16 +2,16 @@
 import pytest
 import torch
 
-from reward_density.logprobs import micro_batches
-from reward_density.loss import BatchTotals, LossConfig, grpo_loss
-from reward_density.models import load_causal_lm
-from reward_density.policy import Policy, PolicyConfig
-from reward_density.precision import autocast, frozen_dtype
-from reward_density.problems import Problem
+from reward_density.data.problems import Problem
+from reward_density.data.sources import load_causal_lm
+from reward_density.grpo.logprobs import micro_batches
+from reward_density.grpo.loss import BatchTotals, LossConfig, grpo_loss
+from reward_density.grpo.policy import Policy, PolicyConfig
+from reward_density.grpo.precision import autocast, frozen_dtype
+from reward_density.grpo.sampler import SamplingConfig
+from reward_density.grpo.step import StepConfig, grpo_step
 from reward_density.rewards.distillation import DistillationReward
-from reward_density.sampler import SamplingConfig
-from reward_density.train_step import StepConfig, grpo_step
-from tiny_models import build_qwen3
+from reward_density.tools.stand_ins import build_qwen3
 
 PROBLEMS = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\n", "41")]
 

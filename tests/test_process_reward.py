@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from step_stand_ins import EOS, PAD, prm_tokenizer, student_tokenizer, tiny_prm
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
+from reward_density.data.steps import split_steps
+from reward_density.grpo.rollout import Rollout
 from reward_density.rewards.process import PRMScorer, ProcessReward
-from reward_density.rollout import Rollout
-from reward_density.steps import split_steps
-from step_stand_ins import EOS, PAD, prm_tokenizer, student_tokenizer, tiny_prm
 
 SENTINEL = "GOLD-ANSWER-SENTINEL-9731"
 

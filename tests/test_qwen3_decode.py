@@ -4,12 +4,12 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import MistralConfig, MistralForCausalLM
 
-from reward_density import sampler
-from reward_density.logprobs import position_ids_from_mask
-from reward_density.problems import Problem
-from reward_density.qwen3_decode import Qwen3Decoder, make_decoder
-from reward_density.sampler import SamplingConfig, sample_rollout
-from tiny_models import build_qwen3
+from reward_density.data.problems import Problem
+from reward_density.grpo import sampler
+from reward_density.grpo.decode import Qwen3Decoder, make_decoder
+from reward_density.grpo.logprobs import position_ids_from_mask
+from reward_density.grpo.sampler import SamplingConfig, sample_rollout
+from reward_density.tools.stand_ins import build_qwen3
 
 PROBLEMS = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\nStep 1:", "41")]
 

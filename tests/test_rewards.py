@@ -2,13 +2,13 @@
 import pytest
 import torch
 
-from reward_density.advantages import compute_advantages
-from reward_density.logprobs import completion_logprobs
-from reward_density.problems import Problem
+from reward_density.data.problems import Problem
+from reward_density.grpo.advantages import compute_advantages
+from reward_density.grpo.logprobs import completion_logprobs
+from reward_density.grpo.sampler import SamplingConfig, sample_rollout
 from reward_density.rewards import REGIMES, build_reward
 from reward_density.rewards.distillation import DistillationReward
-from reward_density.sampler import SamplingConfig, sample_rollout
-from tiny_models import build_qwen3
+from reward_density.tools.stand_ins import build_qwen3
 
 PROBLEMS = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\nStep 1:", "41")]
 EPS = 1e-4
@@ -54,7 +54,7 @@ def test_distillation_refuses_a_teacher_with_a_smaller_vocabulary(rollout):
 def test_outcome_advantage_is_the_group_normalised_scalar_on_every_valid_token(rollout):
     class Checker:  # every second completion "correct"; the real checker is pinned in test_answer_check.py
         def check(self, golds, completions):
-            from reward_density.answer_check import Verdict
+            from reward_density.data.answer_check import Verdict
             return [Verdict.CORRECT if i % 2 else Verdict.WRONG for i in range(len(golds))]
 
     deposits = build_reward("outcome", checker=Checker())(rollout)

@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reward_density.notebook_exec import NotebookFailed
-from reward_density.params import REPO_ROOT, load_profile
-from reward_density.runner import cpu_count, gpu_slots, main, run_matrix, run_stage, select_cells
+from reward_density.experiment.profiles import REPO_ROOT, load_profile
+from reward_density.run.cli import main
+from reward_density.run.local import gpu_slots, run_matrix
+from reward_density.run.matrix import cpu_count, select_cells
+from reward_density.run.notebooks import NotebookFailed
+from reward_density.run.stages import run_stage
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TRAIN = Path("notebooks/train_cell.py")
@@ -165,7 +168,7 @@ def summaries(root: Path) -> dict[str, int]:
 
 def test_kill_and_resume(root, monkeypatch):
     env = {**os.environ, "FAKE_SLEEP": "2"}
-    command = [sys.executable, "-m", "reward_density.runner", "--profile", "tiny", "--root", str(root),
+    command = [sys.executable, "-m", "reward_density.run", "--profile", "tiny", "--root", str(root),
                "--stages", "cells"]
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from reward_density.logprobs import completion_logprobs
-from reward_density.problems import Problem
-from reward_density.sampler import SamplingConfig, _pick, sample_rollout
-from tiny_models import build_qwen3
+from reward_density.data.problems import Problem
+from reward_density.grpo.logprobs import completion_logprobs
+from reward_density.grpo.sampler import SamplingConfig, _pick, sample_rollout
+from reward_density.tools.stand_ins import build_qwen3
 
 PROBLEMS = [
     Problem("a", "Problem: 3 + 4 = ?\n", "7"),

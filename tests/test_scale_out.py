@@ -11,9 +11,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from reward_density import runner
-from reward_density.params import REPO_ROOT, load_profile
-from reward_density.scale_out import make_executor, submit_matrix, submitit_dir
+from reward_density.experiment import cell_folder
+from reward_density.experiment.profiles import REPO_ROOT, load_profile
+from reward_density.run.cli import main
+from reward_density.run.matrix import cell_spec
+from reward_density.run.notebooks import FAILURE_PREFIX
+from reward_density.run.slurm import make_executor, submit_matrix, submitit_dir
 
 SMOKE = load_profile(REPO_ROOT / "params" / "smoke.yaml")
 TWO_CELLS = "outcome-r1-s0,distillation-rfull-s0"
@@ -55,7 +58,7 @@ def root(tmp_path_factory):
     root = tmp_path_factory.mktemp("project")
     for name in ("notebooks", "params"):
         (root / name).symlink_to(REPO_ROOT / name)
-    assert runner.main(["--profile", "smoke", "--root", str(root), "--stages", "world"]) == 0
+    assert main(["--profile", "smoke", "--root", str(root), "--stages", "world"]) == 0
     return root
 
 
@@ -92,7 +95,7 @@ def test_cells_submitted_through_the_local_executor_finish_with_the_runners_para
         assert not missing, f"{name} is reported finished but misses {missing}"
         cell = next(cell for cell in SMOKE.cells() if cell.name == name)
         recorded = json.loads((folder / "params.json").read_text())
-        expected = cell.parameters(SMOKE, folder, root)
+        expected = cell_spec(cell, SMOKE, root, root / "notebooks/train_cell.py")["parameters"] | {"profile": "smoke"}
         differing = {key: (recorded.get(key), value) for key, value in expected.items() if recorded.get(key) != value}
         assert not differing, f"{name} ran with other parameters than the local runner gives: {differing}"
         log = (folder / "run.log").read_text()
@@ -101,7 +104,7 @@ def test_cells_submitted_through_the_local_executor_finish_with_the_runners_para
 
 
 def test_the_analysis_picks_up_the_cells_computed_by_jobs(root, submitted):
-    assert runner.main(["--profile", "smoke", "--root", str(root), "--stages", "analysis"]) == 0
+    assert main(["--profile", "smoke", "--root", str(root), "--stages", "analysis"]) == 0
     accuracy = pd.read_csv(root / "outputs/smoke/accuracy.csv")
     arms = set(zip(accuracy["regime"], accuracy["arm"]))
     assert {("outcome", "r1"), ("distillation", "full")} <= arms, f"the analysis missed a job's cell: {arms}"
@@ -139,11 +142,11 @@ def test_a_failing_notebook_and_a_missing_summary_are_reported_not_raised(tmp_pa
     assert "ValueError: boom from the test notebook" in raised.error, f"unhelpful error: {raised.error!r}"
     assert "boom from the test notebook" in raised.notebook.read_text(), "the executed notebook lacks the error"
     log = raised.log.read_text()
-    assert f"{runner.FAILURE_PREFIX}cell " in log and "ValueError" in log, f"run.log lacks the failure:\n{log}"
-    assert not (raised.log.parent / runner.DONE_MARKER).exists(), "a failed cell has a done marker"
+    assert f"{FAILURE_PREFIX}cell " in log and "ValueError" in log, f"run.log lacks the failure:\n{log}"
+    assert not (raised.log.parent / cell_folder.SUMMARY).exists(), "a failed cell has a done marker"
 
     silent = failures["outcome-r1-s0"]
-    assert runner.DONE_MARKER in silent.error and "without writing" in silent.error, f"error: {silent.error!r}"
+    assert cell_folder.SUMMARY in silent.error and "without writing" in silent.error, f"error: {silent.error!r}"
     assert "finished without a summary" in silent.log.read_text(), "run.log lacks the notebook's output"
 
 
@@ -180,7 +183,7 @@ def test_ctrl_c_while_waiting_cancels_the_running_jobs_and_reraises(tmp_path):
     while not process_gone(kernel) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert process_gone(kernel), f"the notebook's kernel {kernel} still runs after Ctrl-C"
-    assert not (pid_file.parent / runner.DONE_MARKER).exists(), "a cancelled cell has a done marker"
+    assert not (pid_file.parent / cell_folder.SUMMARY).exists(), "a cancelled cell has a done marker"
 
 
 FAKE_SBATCH = '''#!{python}
@@ -261,7 +264,7 @@ def test_the_runner_cli_sends_cells_to_the_executor_named_on_the_command_line(ro
     (root / "outputs/smoke/cells" / name / "summary.json").unlink()  # unfinished again
     command = ["--profile", "smoke", "--root", str(root), "--cells", TWO_CELLS, "--executor", "local",
                "--stages", "cells"]
-    assert runner.main(command) == 0
+    assert main(command) == 0
     err = capsys.readouterr().err
     assert f"{name}: job " in err and "1 finished cell(s) skipped" in err, err
     assert (root / "outputs/smoke/cells" / name / "summary.json").is_file()
@@ -272,6 +275,6 @@ def test_an_executor_without_cluster_settings_is_refused_before_any_work(tmp_pat
     del data["cluster"]
     (tmp_path / "params").mkdir()
     (tmp_path / "params" / "smoke.yaml").write_text(yaml.safe_dump(data))
-    assert runner.main(["--profile", "smoke", "--root", str(tmp_path), "--executor", "local"]) == 2
+    assert main(["--profile", "smoke", "--root", str(tmp_path), "--executor", "local"]) == 2
     assert "has no `cluster` section" in capsys.readouterr().err
     assert not (tmp_path / "outputs").exists()

@@ -1,8 +1,8 @@
 """The set-up files agree with each other: conda mirrors pip, CI calls the README's test command."""
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from reward_density.statistics import bootstrap_ci, paired_bootstrap_diff, paired_differences, tost
+from reward_density.analysis.statistics import bootstrap_ci, paired_bootstrap_diff, paired_differences, tost
 
 
 def arm(correct: dict[int, list[int]]) -> pd.DataFrame:

@@ -4,9 +4,9 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from reward_density.steps import Step, split_steps, step_end_tokens
 from step_stand_ins import QWEN_PATTERN, messy_completion, student_tokenizer
+
+from reward_density.data.steps import Step, split_steps, step_end_tokens
 
 
 @pytest.fixture(scope="module", params=["free-merges", "qwen-pattern"])

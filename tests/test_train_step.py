@@ -2,15 +2,15 @@
 import pytest
 import torch
 
-from reward_density.logprobs import completion_logprobs
-from reward_density.loss import LossConfig
-from reward_density.models import load_causal_lm, load_tokenizer
-from reward_density.policy import Policy, PolicyConfig
-from reward_density.problems import Problem
+from reward_density.data.problems import Problem
+from reward_density.data.sources import load_causal_lm, load_tokenizer
+from reward_density.grpo.logprobs import completion_logprobs
+from reward_density.grpo.loss import LossConfig
+from reward_density.grpo.policy import Policy, PolicyConfig
+from reward_density.grpo.sampler import SamplingConfig, sample_rollout
+from reward_density.grpo.step import StepConfig, grpo_step
 from reward_density.rewards.distillation import DistillationReward
-from reward_density.sampler import SamplingConfig, sample_rollout
-from reward_density.train_step import StepConfig, grpo_step
-from tiny_models import build_qwen3
+from reward_density.tools.stand_ins import build_qwen3
 
 PROBLEMS = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\n", "41")]
 METRICS = ["loss", "reward_mean", "advantage_std", "advantage_abs_max", "kl_ref", "clip_frac", "grad_norm",

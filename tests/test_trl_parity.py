@@ -6,8 +6,8 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from reward_density.logprobs import completion_logprobs
-from reward_density.loss import LossConfig, grpo_loss
+from reward_density.grpo.logprobs import completion_logprobs
+from reward_density.grpo.loss import LossConfig, grpo_loss
 
 TEMPERATURE = 0.7
 COMPLETION_LEN = 6

@@ -8,22 +8,14 @@ the cells write under outputs/golden/ (git-ignored).
 """
 from pathlib import Path
 
-from reward_density.mini_world import build_world, world_config
-from reward_density.notebook_exec import execute_notebook
-from reward_density.params import REPO_ROOT, load_profile
+from reward_density.experiment.config import cell_name
+from reward_density.experiment.profiles import REPO_ROOT
+from reward_density.run.notebooks import execute_notebook
+from reward_density.world.build import build_world, world_config
 
 HERE = Path(__file__).resolve().parent
 WORLD = "outputs/smoke/world"
 GOLDEN_CELLS = ("outcome", 1), ("process", 2), ("distillation", "full")
-
-
-def cell_parameters(regime: str, rank) -> dict:
-    """The smoke profile's cell parameters, with relative paths."""
-    profile = load_profile(REPO_ROOT / "params" / "smoke.yaml")
-    lr = profile.matrix.learning_rate["full" if rank == "full" else "lora"]
-    return {**profile.cell, "regime": regime, "rank": rank, "seed": 0, "learning_rate": lr, "profile": "smoke",
-            **{k: f"{WORLD}/{k}" for k in ("student", "teacher", "prm", "problems")},
-            "out_dir": f"outputs/golden/cells/{regime}-r{rank}-s0"}
 
 
 def goldens() -> list[tuple[str, str, dict]]:
@@ -32,7 +24,10 @@ def goldens() -> list[tuple[str, str, dict]]:
             ("02_capability_baseline.ipynb", "capability_baseline.py",
              {**{k: f"{WORLD}/{k}" for k in ("student", "teacher", "problems")}, "out_dir": "outputs/golden/baseline",
               "ks": [1, 2, 4], "max_new_tokens": 16})]
-    runs += [(f"{3 + i:02d}_train_{regime}_r{rank}.ipynb", "train_cell.py", cell_parameters(regime, rank))
+    # A training cell is picked by profile and arm; the smoke profile gives the rest (and the world's paths).
+    runs += [(f"{3 + i:02d}_train_{regime}_r{rank}.ipynb", "train_cell.py",
+              {"profile": "smoke", "regime": regime, "rank": rank, "seed": 0,
+               "out_dir": f"outputs/golden/cells/{cell_name(regime, None if rank == 'full' else rank, 0)}"})
              for i, (regime, rank) in enumerate(GOLDEN_CELLS)]
     runs.append(("06_analysis.ipynb", "analysis.py",
                  {"profile": "smoke", "outputs_dir": "outputs/golden", "bootstrap_samples": 200}))

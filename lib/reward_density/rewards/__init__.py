@@ -1,13 +1,12 @@
 """The three reward modules; each turns a Rollout into Deposits. The regime is chosen here, and only here."""
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from ..deposits import Deposits
-from ..rollout import Rollout
+from ..grpo.deposits import RewardModule
+from .distillation import DistillationReward
+from .outcome import OutcomeReward
+from .process import PRMScorer, ProcessReward
 
 REGIMES = ("outcome", "process", "distillation")
-RewardModule = Callable[[Rollout], Deposits]
 
 
 def check_regime(regime: str) -> str:
@@ -33,14 +32,8 @@ def build_reward(regime: str, **parts) -> RewardModule:
     if missing:
         raise ValueError(f"the {regime} reward needs {missing}")
     if regime == "outcome":
-        from .outcome import OutcomeReward
-
         return OutcomeReward(parts["checker"])
     if regime == "process":
-        from .process import PRMScorer, ProcessReward
-
         scorer = PRMScorer(parts["prm_model"], parts["prm_tokenizer"], max_length=parts.get("prm_max_length"))
         return ProcessReward(scorer, parts["student_tokenizer"])
-    from .distillation import DistillationReward
-
     return DistillationReward(parts["teacher"], parts["temperature"], parts.get("micro_batch_size"))

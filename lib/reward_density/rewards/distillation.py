@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ..deposits import Deposits
-from ..logprobs import completion_logprobs
-from ..rollout import Rollout
+from ..grpo.deposits import Deposits
+from ..grpo.logprobs import completion_logprobs
+from ..grpo.rollout import Rollout
 
 
 class DistillationReward:

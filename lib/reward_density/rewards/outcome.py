@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ..answer_check import AnswerChecker, Verdict
-from ..deposits import Deposits
-from ..rollout import Rollout
+from ..data.answer_check import AnswerChecker, Verdict
+from ..grpo.deposits import Deposits
+from ..grpo.rollout import Rollout
 
 
 class OutcomeReward:

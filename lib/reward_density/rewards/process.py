@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from ..deposits import Deposits
-from ..rollout import Rollout
-from ..steps import split_steps, step_end_tokens
+from ..data.steps import split_steps, step_end_tokens
+from ..grpo.deposits import Deposits
+from ..grpo.rollout import Rollout
 
 
 def _single_token(tokenizer: Any, token: str, ids: list[int]) -> int:

@@ -6,9 +6,9 @@ from math import comb
 
 import torch
 
-from .answer_check import AnswerChecker, Verdict, has_boxed_answer
-from .problems import Problem
-from .sampler import SamplingConfig, sample_rollout
+from ..data.answer_check import AnswerChecker, Verdict, has_boxed_answer
+from ..data.problems import Problem
+from ..grpo.sampler import SamplingConfig, sample_rollout
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -1,6 +1,6 @@
 """Step-speed benchmark: our grpo_step against TRL's GRPOTrainer on the same tiny model and settings.
 
-Run as `python -m reward_density.benchmark [--steps N] ... [--out FILE.json]`; see BenchConfig.
+Run as `python -m reward_density.tools.benchmark [--steps N] ... [--out FILE.json]`; see BenchConfig.
 """
 from __future__ import annotations
 
@@ -29,15 +29,15 @@ import trl
 from peft import LoraConfig
 from transformers import PrinterCallback, TrainerCallback
 
-from .deposits import Deposits
-from .loss import LossConfig
-from .models import load_causal_lm, load_tokenizer
-from .policy import Policy, PolicyConfig
-from .problems import Problem
-from .rollout import Rollout
-from .sampler import SamplingConfig
+from ..data.problems import Problem
+from ..data.sources import load_causal_lm, load_tokenizer
+from ..grpo.deposits import Deposits
+from ..grpo.loss import LossConfig
+from ..grpo.policy import Policy, PolicyConfig
+from ..grpo.rollout import Rollout
+from ..grpo.sampler import SamplingConfig
+from ..grpo.step import StepConfig, grpo_step
 from .stand_ins import build_qwen3, build_tokenizer
-from .train_step import StepConfig, grpo_step
 
 PHASES = ("step_seconds", "generate_seconds", "reward_seconds", "train_seconds")
 CLI_FIELDS = ("steps", "warmup", "prompts", "generations", "max_new_tokens", "hidden", "layers", "rank")

@@ -7,16 +7,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..data.answer_check import has_boxed_answer
+from ..data.problems import Problem
+from ..data.steps import split_steps
 from .advantages import compute_advantages
-from .answer_check import has_boxed_answer
+from .deposits import RewardModule
 from .logprobs import completion_logprobs, micro_batches
 from .loss import BatchTotals, LossConfig, LossOutput, grpo_loss
 from .policy import Policy
 from .precision import autocast, check_precision
-from .problems import Problem
-from .rewards import RewardModule
 from .sampler import SamplingConfig, sample_rollout
-from .steps import split_steps
 
 
 @dataclass(frozen=True)

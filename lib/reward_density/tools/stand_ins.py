@@ -9,7 +9,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from .math_data import last_boxed
+from ..data.math_data import last_boxed
+from ..world.architectures import ModelSpec, new_mistral, new_qwen3
+from ..world.tokenizers import STEP_TAG, build_prm_tokenizer, build_student_tokenizer
 
 SPECIALS = ["<pad>", "<eos>"]
 CORPUS = [
@@ -117,9 +119,6 @@ def build_paper_stand_ins(folder: Path, seed: int = 0) -> dict[str, str]:
     tokenizer; a Mistral PRM with its own sentencepiece-style tokenizer carrying the step tag and the
     +/- tokens (as math-shepherd-mistral-7b-prm). Returns the world entries of a profile.
     """
-    from .mini_world import (  # deferred: the mini world pulls in its training code
-        STEP_TAG, ModelSpec, build_prm_tokenizer, build_student_tokenizer, new_mistral, new_qwen3)
-
     folder = Path(folder)
     world = write_math_stand_ins(folder, seed=seed)
     rng = random.Random(seed)

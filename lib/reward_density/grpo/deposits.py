@@ -1,9 +1,12 @@
 """The reward contract: every reward module returns deposits of the same shape (DESIGN §4)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from .rollout import Rollout
 
 
 @dataclass
@@ -38,3 +41,7 @@ class Deposits:
             )
         if torch.any(self.token_rewards[~self.deposit_mask] != 0):
             raise ValueError("token_rewards must be 0 wherever deposit_mask is False")
+
+
+# A reward module turns a batch of completions into deposits; the regime lives inside it, never in the loss.
+RewardModule = Callable[[Rollout], Deposits]

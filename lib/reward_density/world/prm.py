@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from .answer_check import AnswerChecker, Verdict
-from .problems import Problem
-from .rewards.process import PRMScorer
-from .sampler import SamplingConfig, sample_rollout
-from .steps import split_steps
+from ..data.answer_check import AnswerChecker, Verdict
+from ..data.problems import Problem
+from ..data.steps import split_steps
+from ..grpo.sampler import SamplingConfig, sample_rollout
+from ..rewards.process import PRMScorer
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..data.problems import Problem
+from .decode import make_decoder
 from .logprobs import position_ids_from_mask
-from .problems import Problem
-from .qwen3_decode import make_decoder
 from .rollout import Rollout
 
 # Bumped whenever the same seed would draw different tokens (the mini world's PRM is labelled from

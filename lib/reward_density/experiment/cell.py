@@ -1,8 +1,7 @@
-"""One cell of the matrix: its validated settings, its inputs, the training loop and the files it writes.
+"""One cell of the matrix: its inputs, the training loop and the files it writes (cell_folder.py).
 
-The cell folder (DESIGN §6): params.json, history.csv (per step), evals.csv (per evaluation),
-answers.csv (per problem at each evaluation), manifest.json, and summary.json last and atomically:
-its presence means the cell is done.
+params.json, history.csv (per step), evals.csv (per evaluation), answers.csv (per problem at each
+evaluation), manifest.json, and summary.json last and atomically: its presence means the cell is done.
 """
 from __future__ import annotations
 
@@ -10,123 +9,42 @@ import csv
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from .answer_check import AnswerChecker
+from ..data.answer_check import AnswerChecker
+from ..data.problem_sets import heldout_problems, training_problems
+from ..data.problems import Problem
+from ..data.sources import load_causal_lm, load_tokenizer
+from ..grpo.loss import LossConfig
+from ..grpo.policy import Policy, PolicyConfig
+from ..grpo.precision import autocast, frozen_dtype
+from ..grpo.sampler import SamplingConfig
+from ..grpo.step import StepConfig, grpo_step
+from ..rewards import RewardModule, build_reward
+from . import cell_folder
+from .config import CellConfig
 from .evaluation import greedy_eval
-from .loss import LossConfig
-from .models import load_causal_lm, load_tokenizer
-from .policy import Policy, PolicyConfig
-from .precision import autocast, frozen_dtype
-from .problem_sets import heldout_problems, training_problems
-from .problems import Problem
 from .provenance import manifest, write_json_atomic
-from .rewards import RewardModule, build_reward, check_regime
-from .sampler import SamplingConfig
-from .train_step import StepConfig, grpo_step
-
-SUMMARY = "summary.json"
 
 
-@dataclass(frozen=True)
-class CellConfig:
-    """Every parameter of the training notebook, validated together (params/*.yaml `cell` plus the arm)."""
+def step_config(config: CellConfig) -> StepConfig:
+    """The GRPO step's settings of a cell."""
+    loss = LossConfig(beta=config.beta, kl_estimator=config.kl_estimator, normalisation=config.loss_normalisation,
+                      constant_length=config.max_new_tokens)
+    sampling = SamplingConfig(config.max_new_tokens, temperature=config.temperature, top_p=config.top_p)
+    return StepConfig(config.group_size, sampling, loss, config.advantage_eps, config.max_grad_norm,
+                      precision=config.precision, micro_batch_size=config.micro_batch_size)
 
-    regime: str
-    rank: int | None  # None: full fine-tuning ("full" in params)
-    seed: int
-    learning_rate: float
-    steps: int
-    prompts_per_step: int
-    group_size: int
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-    beta: float
-    kl_estimator: str
-    loss_normalisation: str
-    eval_every: int
-    eval_problems: int
-    eval_max_new_tokens: int
-    eval_batch_size: int
-    lora_alpha: float
-    lora_dropout: float
-    weight_decay: float
-    max_grad_norm: float
-    advantage_eps: float
-    device: str
-    teacher_device: str
-    prm_device: str
-    student: str
-    teacher: str
-    prm: str
-    problems: str
-    out_dir: str
-    profile: str = "custom"
-    heldout: str | None = None  # paper world: a separate held-out dataset; mini: problems/heldout.jsonl
-    precision: str = "fp32"  # or "bf16" (precision.py)
-    micro_batch_size: int | None = None  # rows per forward/backward pass; None: the whole batch
-    gradient_checkpointing: bool = False
-    prompt_template: str | None = None  # MATH-schema datasets (paper world); None: the mini world's files
-    problem_subsets: list[str] | None = None  # dataset configs of `problems` to read (None: the default)
 
-    def __post_init__(self) -> None:
-        check_regime(self.regime)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        for name in ("steps", "prompts_per_step", "eval_every", "eval_problems", "eval_max_new_tokens", "eval_batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        self.step_config()  # the library's own configs check the rest
-        self.policy_config()
-        SamplingConfig(self.eval_max_new_tokens, temperature=0.0)
-
-    @classmethod
-    def from_parameters(cls, parameters: dict[str, Any]) -> CellConfig:
-        """From the notebook's parameters: rank 'full' means FullFT; unknown or missing names are errors."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(parameters) - known)
-        if unknown:
-            raise ValueError(f"unknown cell parameters {unknown}; known: {sorted(known)}")
-        values = dict(parameters)
-        rank = values.get("rank")
-        if rank == "full":
-            values["rank"] = None
-        elif isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-            raise ValueError(f"rank must be a positive integer or 'full', got {rank!r}")
-        missing = sorted(f.name for f in fields(cls) if f.name not in values and f.default is MISSING)
-        if missing:
-            raise ValueError(f"missing cell parameters {missing}")
-        return cls(**values)
-
-    @property
-    def name(self) -> str:
-        return f"{self.regime}-r{'full' if self.rank is None else self.rank}-s{self.seed}"
-
-    def step_config(self) -> StepConfig:
-        loss = LossConfig(
-            beta=self.beta,
-            kl_estimator=self.kl_estimator,
-            normalisation=self.loss_normalisation,
-            constant_length=self.max_new_tokens,
-        )
-        sampling = SamplingConfig(self.max_new_tokens, temperature=self.temperature, top_p=self.top_p)
-        return StepConfig(self.group_size, sampling, loss, self.advantage_eps, self.max_grad_norm,
-                          precision=self.precision, micro_batch_size=self.micro_batch_size)
-
-    def policy_config(self) -> PolicyConfig:
-        return PolicyConfig(rank=self.rank, alpha=self.lora_alpha, dropout=self.lora_dropout,
-                            precision=self.precision, gradient_checkpointing=self.gradient_checkpointing)
+def policy_config(config: CellConfig) -> PolicyConfig:
+    """The policy's settings of a cell: a LoRA adapter of its rank, or full fine-tuning."""
+    return PolicyConfig(rank=config.rank, alpha=config.lora_alpha, dropout=config.lora_dropout,
+                        precision=config.precision, gradient_checkpointing=config.gradient_checkpointing)
 
 
 # ------------------------------------------------------------------------------------ inputs
@@ -182,17 +100,16 @@ class CellWriter:
     def __init__(self, config: CellConfig, extra: dict[str, Any] | None = None) -> None:
         self.folder = Path(config.out_dir)
         self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / SUMMARY).unlink(missing_ok=True)  # a rerun is unfinished until it says otherwise
+        (self.folder / cell_folder.SUMMARY).unlink(missing_ok=True)  # a rerun is unfinished until it says otherwise
         self.config, self.started = config, time.time()
         self.history: list[dict] = []
         self.evals: list[dict] = []
         self.answers: list[dict] = []
-        params = asdict(config) | {"rank": "full" if config.rank is None else config.rank, "derived": extra or {}}
-        write_json_atomic(self.folder / "params.json", params)
+        write_json_atomic(self.folder / cell_folder.PARAMS, config.to_parameters() | {"derived": extra or {}})
 
     def add_step(self, row: dict[str, Any]) -> None:
         self.history.append(row)
-        _write_csv(self.folder / "history.csv", self.history)
+        _write_csv(self.folder / cell_folder.HISTORY, self.history)
 
     def add_eval(self, step: int, pass1: float, rows: list[dict]) -> None:
         n = max(len(rows), 1)
@@ -204,15 +121,15 @@ class CellWriter:
             "frac_answered": sum(r["answered"] for r in rows) / n,
         })
         self.answers += [{"step": step, **r} for r in rows]
-        _write_csv(self.folder / "evals.csv", self.evals)
-        _write_csv(self.folder / "answers.csv", self.answers)
+        _write_csv(self.folder / cell_folder.EVALS, self.evals)
+        _write_csv(self.folder / cell_folder.ANSWERS, self.answers)
 
     def finish(self, device: str) -> dict[str, Any]:
         """manifest.json, then summary.json last and atomically: from then on the cell counts as done."""
         wall = time.time() - self.started
-        write_json_atomic(self.folder / "manifest.json", manifest(device, wall_seconds=round(wall, 2), cell=self.config.name))
+        write_json_atomic(self.folder / cell_folder.MANIFEST, manifest(device, wall_seconds=round(wall, 2), cell=self.config.name))
         summary = summarise(self.config, self.history, self.evals, wall)
-        write_json_atomic(self.folder / SUMMARY, summary)
+        write_json_atomic(self.folder / cell_folder.SUMMARY, summary)
         return summary
 
 
@@ -267,13 +184,13 @@ def batches(problems: list[Problem], size: int, seed: int) -> Iterator[list[Prob
 def make_policy(config: CellConfig, student: torch.nn.Module) -> Policy:
     """The LoRA adapter (initialised from the cell's seed) or the full model."""
     torch.manual_seed(config.seed)
-    return Policy(student, config.policy_config(), keep_reference=config.beta > 0)
+    return Policy(student, policy_config(config), keep_reference=config.beta > 0)
 
 
 def train(config: CellConfig, inputs: CellInputs, policy: Policy, writer: CellWriter, progress: bool = True) -> None:
     """config.steps GRPO steps, with greedy held-out evaluations at step 0, every eval_every and the end."""
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    step_config = config.step_config()
+    settings = step_config(config)
 
     def evaluate(step: int) -> float:
         with autocast(config.device, config.precision), policy.sampling() as model:
@@ -286,7 +203,7 @@ def train(config: CellConfig, inputs: CellInputs, policy: Policy, writer: CellWr
     bar = tqdm(range(1, config.steps + 1), desc=config.name, disable=not progress)
     problems = batches(inputs.train, config.prompts_per_step, config.seed)
     for step in bar:
-        row = grpo_step(policy, inputs.tokenizer, optimizer, next(problems), inputs.reward, step_config,
+        row = grpo_step(policy, inputs.tokenizer, optimizer, next(problems), inputs.reward, settings,
                         seed=config.seed * 1_000_003 + step)
         writer.add_step({"step": step, **row})
         if step % config.eval_every == 0 or step == config.steps:

@@ -14,7 +14,7 @@ class WorldUnreachable(ValueError):
 
 
 def _model_problem(key: str, source: str) -> str | None:
-    from .models import load_config  # torch and transformers: imported only when a check runs
+    from ..data.sources import load_config  # torch and transformers: imported only when a check runs
 
     try:
         load_config(source, what=key)

@@ -12,22 +12,25 @@ import hashlib
 import json
 import random
 import shutil
-import string
 import time
-from functools import cached_property
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from .answer_check import AnswerChecker
-from .arithmetic import Expression, TaskConfig, clean_trace, make_splits, problem_of, realistic_trace
-from .evaluation import greedy_eval
-from .models import load_causal_lm, load_tokenizer
-from .prm_training import (
+from ..data.answer_check import AnswerChecker
+from ..data.problems import Problem, read_problems, write_problems
+from ..data.sources import load_causal_lm, load_tokenizer
+from ..experiment.evaluation import greedy_eval
+from ..experiment.provenance import manifest, write_json_atomic
+from ..grpo.sampler import SAMPLING_VERSION
+from ..rewards.process import PRMScorer
+from .architectures import ModelSpec, n_parameters, new_mistral, new_qwen3
+from .pretraining import SupervisedConfig, encode_pairs, pretrain
+from .prm import (
     LabelledSolution,
     LabellingConfig,
     PRMTrainingConfig,
@@ -36,32 +39,12 @@ from .prm_training import (
     step_accuracy,
     train_prm,
 )
-from .problems import Problem, read_problems, write_problems
-from .provenance import manifest, write_json_atomic
-from .rewards.process import PRMScorer
-from .sampler import SAMPLING_VERSION
-from .supervised import SupervisedConfig, encode_pairs, pretrain
-
-STUDENT_SPECIALS = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>"}
-PRM_SPECIALS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
-STEP_TAG, GOOD_TOKEN, BAD_TOKEN = " ки", "+", "-"  # Math-Shepherd's interface
+from .task import Expression, TaskConfig, clean_trace, make_splits, problem_of, realistic_trace
+from .tokenizers import BAD_TOKEN, GOOD_TOKEN, STEP_TAG, build_prm_tokenizer, build_student_tokenizer
 
 
 class WorldBuildError(RuntimeError):
     """The world could not be built as specified (e.g. a model missed its accuracy target)."""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Size of a small decoder (4 attention heads, 2 key-value heads, MLP 2x wide)."""
-
-    hidden: int
-    layers: int
-    max_positions: int = 256
-
-    def __post_init__(self) -> None:
-        if self.hidden % 8 or self.hidden <= 0 or self.layers <= 0:
-            raise ValueError(f"hidden must be a positive multiple of 8 and layers positive, got {self}")
 
 
 @dataclass(frozen=True)
@@ -172,91 +155,6 @@ def component_keys(config: WorldConfig) -> dict[str, str]:
         config.prm_heldout_fraction, config.labelling, config.prm_training, SAMPLING_VERSION,
     )
     return keys
-
-
-# --------------------------------------------------------------------------------- tokenizers
-
-
-def build_student_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """Byte-level BPE with digits split one by one (as Qwen's), a BOS added in front, EOS to stop."""
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    bpe.decoder = decoders.ByteLevel()
-    specials = list(STUDENT_SPECIALS.values())
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(corpus, trainer)
-    bos = STUDENT_SPECIALS["bos_token"]
-    bpe.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, bpe.token_to_id(bos))])
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, clean_up_tokenization_spaces=False, **STUDENT_SPECIALS)
-
-
-def build_prm_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """A sentencepiece-style (Metaspace) BPE like Mistral's, knowing the step tag and the +/- tokens.
-
-    Texts carrying step tags in the corpus teach it the tag token; every printable ASCII character is in
-    the alphabet, so no character of a completion is unknown.
-    """
-    bpe = Tokenizer(models.BPE(unk_token=PRM_SPECIALS["unk_token"]))
-    bpe.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split("\n", "isolated"),  # newlines stand alone, so the tag never merges with them
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.Metaspace(prepend_scheme="first"),
-        ]
-    )
-    bpe.decoder = decoders.Metaspace()
-    alphabet = sorted(set(string.printable.strip()) | set(STEP_TAG.strip()) | {"▁", "\n"})
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(PRM_SPECIALS.values()), initial_alphabet=alphabet, show_progress=False
-    )
-    bpe.train_from_iterator(corpus, trainer)
-    bos = PRM_SPECIALS["bos_token"]
-    bpe.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, bpe.token_to_id(bos))])
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, clean_up_tokenization_spaces=False, **PRM_SPECIALS)
-
-
-# ------------------------------------------------------------------------------------ models
-
-
-def _decoder_settings(spec: ModelSpec, tokenizer) -> dict[str, Any]:
-    """Config fields Qwen3 and Mistral share: size, 4 heads / 2 KV heads, MLP 2x wide, the special ids."""
-    return dict(
-        vocab_size=len(tokenizer),
-        hidden_size=spec.hidden,
-        intermediate_size=2 * spec.hidden,
-        num_hidden_layers=spec.layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=spec.hidden // 4,
-        max_position_embeddings=spec.max_positions,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-
-
-def new_qwen3(spec: ModelSpec, tokenizer, seed: int, tie_word_embeddings: bool = False) -> Qwen3ForCausalLM:
-    """A freshly initialised Qwen3ForCausalLM of the given size for this tokenizer."""
-    torch.manual_seed(seed)
-    config = Qwen3Config(**_decoder_settings(spec, tokenizer), tie_word_embeddings=tie_word_embeddings)
-    return Qwen3ForCausalLM(config).eval()
-
-
-def new_mistral(spec: ModelSpec, tokenizer, seed: int) -> MistralForCausalLM:
-    """A freshly initialised MistralForCausalLM (Math-Shepherd's architecture) for the PRM tokenizer."""
-    torch.manual_seed(seed)
-    return MistralForCausalLM(MistralConfig(**_decoder_settings(spec, tokenizer), sliding_window=None)).eval()
-
-
-def n_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 # ------------------------------------------------------------------------------------ builders

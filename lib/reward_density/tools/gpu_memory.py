@@ -2,7 +2,7 @@
 
 An estimate, not a measurement: it counts the tensors that scale with the model and the sequence and
 ignores allocator fragmentation and CUDA workspaces (add ~10%). Run as
-`python -m reward_density.gpu_memory [--profile paper]` for the table the README shows.
+`python -m reward_density.tools.gpu_memory [--profile paper]` for the table the README shows.
 """
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from ..experiment.profiles import find_profile, load_profile
 
 GIB = 1024**3
 BF16, FP32 = 2, 4
@@ -135,8 +137,6 @@ def memory_table(cell: dict[str, Any], ranks: Sequence[int | None]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> str:
     """Print the estimate for a profile's cell settings (default: the paper profile)."""
-    from .params import find_profile, load_profile
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="paper")
     args = parser.parse_args(argv)

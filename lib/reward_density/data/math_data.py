@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .answer_check import AnswerChecker
-from .models import is_local
 from .problems import Problem
+from .sources import is_local
 
 PLACEHOLDER = "{problem}"
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}

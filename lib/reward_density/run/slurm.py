@@ -25,7 +25,6 @@ import contextlib
 import io
 import logging
 import os
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -37,21 +36,20 @@ from submitit.core.utils import FailedJobError
 from submitit.local.local import LocalJob
 from tqdm import tqdm
 
-from .notebook_exec import NotebookFailed, execute_notebook
-from .params import Cell, Profile
-from .runner import (
-    DONE_MARKER,
-    FAILURE_PREFIX,
+from ..experiment import cell_folder
+from ..experiment.profiles import MatrixCell, Profile
+from .matrix import (
     STOP_GRACE_SECONDS,
-    CellFailure,
     RunReport,
-    _existing_notebook,
-    _sigterm_as_interrupt,
-    cells_dir,
+    cell_spec,
     cpu_count,
-    is_finished,
-    select_cells,
+    fresh_folder,
+    pending_cells,
+    progress_bar,
+    record,
+    sigterm_as_interrupt,
 )
+from .notebooks import execute_cell, existing_notebook
 
 KINDS = ("slurm", "local")
 REQUIRED_SETTINGS = ("timeout_min",)
@@ -78,6 +76,16 @@ def make_executor(kind: str, folder: Path, settings: dict[str, Any]) -> submitit
     executor = submitit.AutoExecutor(folder=Path(folder), cluster=kind)
     executor.update_parameters(**settings)
     return executor
+
+
+def profile_executor(kind: str, profile: Profile, root: Path) -> submitit.Executor:
+    """The executor of a profile's `cluster` settings, built (and its settings checked) before any work."""
+    if not profile.cluster:
+        raise ValueError(f"--executor {kind}: profile {profile.name} has no `cluster` section of executor settings")
+    try:
+        return make_executor(kind, submitit_dir(profile, root), profile.cluster)
+    except Exception as exc:  # submitit: NameError for an unknown setting, RuntimeError without srun
+        raise ValueError(f"--executor {kind} with {profile.path} cluster settings: {type(exc).__name__}: {exc}") from exc
 
 
 class _Tee(io.TextIOBase):
@@ -118,44 +126,26 @@ def _also_logged_to(log: IO[str]) -> Iterator[None]:
 def run_cell_job(spec: dict[str, Any]) -> str:
     """Job entry (runs inside a submitit job): execute one cell's notebook; returns the cell name.
 
-    spec: name, notebook, output, parameters, cwd and threads, as built by submit_matrix. A cell already
-    finished (e.g. a requeued job) is left alone. A failing notebook raises RuntimeError, so submitit
-    records the job as failed; its log is the cell's run.log (and the submitit job log).
+    spec: a cell spec (run/matrix.py) plus the CPU threads to use. A cell already finished (e.g. a
+    requeued job) is left alone. A failing notebook raises RuntimeError, so submitit records the job as
+    failed; its log is the cell's run.log (and the submitit job log).
     """
     name = spec["name"]
     folder = Path(spec["parameters"]["out_dir"])
-    if is_finished(folder):
+    if cell_folder.is_finished(folder):
         print(f"{name}: already finished; left alone", flush=True)
         return name
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    fresh_folder(folder)
     threads = os.environ.get("SLURM_CPUS_PER_TASK") or str(spec["threads"])
     os.environ.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false")
-    with open(folder / "run.log", "a") as log, _also_logged_to(log):
+    with open(folder / cell_folder.LOG, "a") as log, _also_logged_to(log):
         print(f"{name}: job {os.environ.get('SLURM_JOB_ID') or os.environ.get('SUBMITIT_LOCAL_JOB_ID')} "
               f"on {os.uname().nodename}, {threads} thread(s)", flush=True)
-        try:
-            execute_notebook(Path(spec["notebook"]), Path(spec["output"]), spec["parameters"],
-                             cwd=Path(spec["cwd"]), log_output=True)
-        except NotebookFailed as exc:
-            print(f"{FAILURE_PREFIX}{exc.error}", file=sys.stderr, flush=True)
-            error = " | ".join(line.strip() for line in exc.error.splitlines() if line.strip())  # one line
-            raise RuntimeError(f"cell {name}: the notebook failed: {error} (executed notebook: {exc.output})") from exc
+        failure = execute_cell(spec)
+        if failure is not None:
+            error = " | ".join(line.strip() for line in failure.error.splitlines() if line.strip())  # one line
+            raise RuntimeError(f"cell {name}: the notebook failed: {error} (executed notebook: {failure.output})")
     return name
-
-
-def _job_spec(cell: Cell, profile: Profile, root: Path, notebook: Path, threads: int) -> dict[str, Any]:
-    """What run_cell_job needs for one cell: plain data, so it pickles anywhere."""
-    folder = cells_dir(profile, root) / cell.name
-    return {
-        "name": cell.name,
-        "notebook": str(notebook),
-        "output": str(folder / "cell.ipynb"),
-        "parameters": cell.parameters(profile, folder, root),
-        "cwd": str(root),
-        "threads": threads,
-    }
 
 
 def _exception_line(text: str) -> str:
@@ -170,14 +160,14 @@ def _failure_reason(job: submitit.Job, folder: Path) -> str | None:
     """None when the cell finished, else a short description of what went wrong (like runner's)."""
     exception = job.exception()
     if exception is None:
-        return None if is_finished(folder) else f"the notebook finished without writing {DONE_MARKER}"
+        return None if cell_folder.is_finished(folder) else f"the notebook finished without writing {cell_folder.SUMMARY}"
     if isinstance(exception, FailedJobError):
         return _exception_line(str(exception))
     # no result at all: killed, cancelled, timed out, out of memory, node failure
     return f"job {job.job_id} ended without a result (state {job.state}); submitit log: {job.paths.stderr}"
 
 
-def _cancel(jobs: list[tuple[Cell, submitit.Job]]) -> None:
+def _cancel(jobs: list[tuple[MatrixCell, submitit.Job]]) -> None:
     """Cancel the jobs not done yet; wait (briefly) for local ones to be gone, so a rerun starts clean."""
     pending = [job for _, job in jobs if not job.done()]
     for job in pending:
@@ -204,28 +194,18 @@ def submit_matrix(
     Ctrl-C (or SIGTERM) while waiting cancels the jobs not done yet and re-raises: rerunning resumes.
     """
     root = Path(root).resolve()
-    notebook = _existing_notebook(root / notebook, "cells")
-    report = RunReport()
-    pending: list[Cell] = []
-    for cell in select_cells(profile, cells_filter):
-        folder = cells_dir(profile, root) / cell.name
-        if is_finished(folder):
-            report.skipped.append(cell.name)
-            continue
-        if folder.exists():
-            shutil.rmtree(folder)  # the leftover of a killed or failed run
-        pending.append(cell)
-    if report.skipped:
-        tqdm.write(f"{len(report.skipped)} finished cell(s) skipped", file=sys.stderr)
+    notebook = existing_notebook(root / notebook, "cells")
+    pending, report = pending_cells(profile, root, cells_filter)
     if not pending:
         return report
+    for cell in pending:
+        fresh_folder(profile.cells_dir(root) / cell.name)  # before submitting: no job sees a leftover
     threads = executor.parameters.get("cpus_per_task") or max(1, cpu_count() // len(pending))
-    specs = [_job_spec(cell, profile, root, notebook, threads) for cell in pending]
-    jobs: list[tuple[Cell, submitit.Job]] = []
-    bar = tqdm(total=len(report.skipped) + len(pending), initial=len(report.skipped), desc=profile.name,
-               unit="cell", file=sys.stderr, dynamic_ncols=True)
+    specs = [cell_spec(cell, profile, root, notebook) | {"threads": threads} for cell in pending]
+    jobs: list[tuple[MatrixCell, submitit.Job]] = []
+    bar = progress_bar(profile, report, len(pending))
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             jobs = list(zip(pending, executor.map_array(run_cell_job, specs)))
             tqdm.write(f"submitted {len(jobs)} cell(s) to {executor.folder}:", file=sys.stderr)
             for cell, job in jobs:
@@ -236,25 +216,12 @@ def submit_matrix(
                 time.sleep(poll_seconds)
                 for cell, job in [item for item in waiting if item[1].done()]:
                     waiting.remove((cell, job))
-                    _record(cell, job, cells_dir(profile, root) / cell.name, time.monotonic() - started, report, bar)
+                    folder = profile.cells_dir(root) / cell.name
+                    took = f"after {time.monotonic() - started:.1f} s (job {job.job_id})"
+                    record(report, bar, cell.name, folder, _failure_reason(job, folder), took)
     except BaseException:
         _cancel(jobs)
         raise
     finally:
         bar.close()
     return report
-
-
-def _record(cell: Cell, job: submitit.Job, folder: Path, seconds: float, report: RunReport, bar: tqdm) -> None:
-    """Add a done job to the report and print its one-line outcome."""
-    reason = _failure_reason(job, folder)
-    if reason is None:
-        report.finished.append(cell.name)
-        message = f"{cell.name}: done after {seconds:.1f} s (job {job.job_id})"
-    else:
-        failure = CellFailure(cell.name, reason, folder / "cell.ipynb", folder / "run.log")
-        report.failed.append(failure)
-        message = f"{cell.name}: FAILED after {seconds:.1f} s (job {job.job_id}): {reason} (log: {failure.log})"
-    bar.set_postfix(done=len(report.finished), failed=len(report.failed), skipped=len(report.skipped), refresh=False)
-    bar.update(1)
-    tqdm.write(message, file=sys.stderr)

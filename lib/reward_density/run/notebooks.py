@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from nbclient.exceptions import DeadKernelError
 from papermill.exceptions import PapermillExecutionError
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
+FAILURE_PREFIX = "CELL FAILED: "  # starts the line a failed cell prints (its log's way to tell why)
 
 
 class NotebookFailed(RuntimeError):
@@ -23,6 +25,13 @@ class NotebookFailed(RuntimeError):
         self.source = source
         self.output = output
         self.error = error
+
+
+def existing_notebook(notebook: Path, stage: str) -> Path:
+    """The notebook path, or a FileNotFoundError saying which stage needs it."""
+    if not Path(notebook).is_file():
+        raise FileNotFoundError(f"stage {stage}: notebook {notebook} does not exist")
+    return Path(notebook)
 
 
 def read_source(source: Path) -> nbformat.NotebookNode:
@@ -79,3 +88,14 @@ def execute_notebook(
         raise NotebookFailed(source, output, _describe(exc)) from exc
     finally:
         Path(temp_name).unlink(missing_ok=True)
+
+
+def execute_cell(spec: dict[str, Any]) -> NotebookFailed | None:
+    """Execute one cell's notebook from its spec (run/matrix.py); a failure is also printed after FAILURE_PREFIX."""
+    try:
+        execute_notebook(Path(spec["notebook"]), Path(spec["output"]), spec["parameters"], cwd=Path(spec["cwd"]),
+                         log_output=True)
+    except NotebookFailed as exc:
+        print(f"{FAILURE_PREFIX}{exc.error}", file=sys.stderr, flush=True)
+        return exc
+    return None

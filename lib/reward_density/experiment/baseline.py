@@ -3,14 +3,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import matplotlib.pyplot as plt
-import pandas as pd
-
-from .analysis import markdown_table
-from .answer_check import AnswerChecker
+from ..data.answer_check import AnswerChecker
+from ..data.problems import Problem
+from ..grpo.sampler import SamplingConfig
 from .evaluation import sampled_pass_at_k
-from .problems import Problem
-from .sampler import SamplingConfig
 
 
 def capability_row(
@@ -38,24 +34,3 @@ def capability_row(
         "mean_length": sum(lengths) / len(lengths),
         "frac_truncated": sum(r["truncated"] for r in rows) / len(rows),
     }
-
-
-def capability_markdown(table: pd.DataFrame) -> str:
-    """The table as markdown, numbers to three decimals."""
-    rows = [[f"{v:.3f}" if isinstance(v, float) else v for v in row] for row in table.itertuples(index=False)]
-    return markdown_table(list(table.columns), rows)
-
-
-def plot_capability(table: pd.DataFrame, path) -> plt.Figure:
-    """pass@k against k, one line per model, saved to path."""
-    ks = [int(c.split("@")[1]) for c in table.columns if c.startswith("pass@")]
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for _, row in table.iterrows():
-        ax.plot(ks, [row[f"pass@{k}"] for k in ks], marker="o", label=row["model"])
-    ax.set(xscale="log", xlabel="k (samples per problem)", ylabel="pass@k (held-out)", ylim=(0, 1))
-    ax.set_xticks(ks, [str(k) for k in ks])
-    ax.legend()
-    ax.set_title("Capability baseline")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return fig

@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
-from .problems import Problem
+from ..data.problems import Problem
 
 PROMPT_TEMPLATE = "Question: Compute {expression}.\nSolution:\n"
 ANSWER_LINE = "Answer: \\boxed{{{value}}}"

@@ -1,0 +1,1 @@
+"""Finished cells into tables, statistics, figures and the report."""

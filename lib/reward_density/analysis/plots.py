@@ -1,0 +1,167 @@
+"""The study's figures, saved as PNG with fixed metadata so that reruns write byte-identical files."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from .load import Cells, arms, ranks, regimes  # noqa: E402
+from .tables import accuracy_table  # noqa: E402
+
+PNG_METADATA = {"Software": None}
+
+
+def _arm_colors(cells: Cells) -> dict[str, tuple]:
+    """One colour per LoRA rank along viridis, black for FullFT."""
+    lora = [a for a in arms(cells) if a != "full"]
+    colors = {a: plt.cm.viridis(x) for a, x in zip(lora, np.linspace(0.1, 0.85, max(len(lora), 1)))}
+    return {**colors, "full": (0, 0, 0, 1)}
+
+def _panels(n: int, **kwargs) -> tuple[Figure, np.ndarray]:
+    """A row of n panels."""
+    fig, axes = plt.subplots(1, n, figsize=(4.5 * n, 3.6), squeeze=False, **kwargs)
+    return fig, axes[0]
+
+def _save(fig: Figure, path: str | Path) -> Figure:
+    """Save a figure as PNG (creating its folder) and close it so figures do not pile up."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, metadata=PNG_METADATA)
+    plt.close(fig)
+    return fig
+
+def _empty(ax, message: str) -> None:
+    """Mark a panel whose data is missing."""
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
+    ax.set_axis_off()
+
+def plot_pass1_vs_rank(cells: Cells, path: str | Path) -> Figure:
+    """Per regime: final pass@1 (mean ± sd) vs LoRA rank, FullFT mean ± sd band, base dashed."""
+    table = accuracy_table(cells).frame
+    fig, axes = _panels(len(regimes(cells)), sharey=True)
+    for ax, regime in zip(axes, regimes(cells)):
+        rows = table[table["regime"] == regime]
+        # Process also at its peak (dotted, FullFT without a band); the end of training always has the band.
+        series = [("process (end)", "-", " end"), ("process (peak)", ":", " peak")] if regime == "process" else [(regime, "-", "")]
+        for i, (label, style, suffix) in enumerate(series):
+            of_row = rows[rows["row"] == label]
+            lora = of_row[of_row["arm"].str.startswith("r")]
+            if not lora.empty:
+                ax.errorbar(lora["arm"].str[1:].astype(int), lora["mean"], yerr=lora["sd"].fillna(0), fmt="os"[i] + style,
+                            color=f"C{i}", capsize=3, label=f"LoRA{suffix}")
+            _hline(ax, of_row[of_row["arm"] == "full"], "k", style, f"FullFT{suffix}" + (" ± sd" if i == 0 else ""), band=i == 0)
+        _hline(ax, rows[rows["arm"] == "base"].head(1), "grey", "--", "base", band=False)
+        _rank_axis(ax, ranks(cells))
+        ax.set(title=regime, xlabel="LoRA rank", ylabel="greedy pass@1")
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+def _rank_axis(ax, ranks_: list[int]) -> None:
+    """A log2 x axis ticked at the ranks that ran (log scale needs at least one rank)."""
+    if ranks_:
+        ax.set_xscale("log", base=2)
+        # Explicit limits: a panel with only FullFT has no x data to autoscale a log axis from.
+        ax.set_xlim(min(ranks_) / 1.5, max(ranks_) * 1.5)
+        ax.set_xticks(ranks_, [str(r) for r in ranks_])
+    else:
+        ax.set_xticks([])
+        ax.text(0.5, 0.5, "no LoRA cells", ha="center", transform=ax.transAxes)
+
+def _hline(ax, row: pd.DataFrame, color: str, style: str, label: str, band: bool) -> None:
+    """A horizontal reference line at a mean, with a ±1 sd band if asked and available."""
+    if row.empty:
+        return
+    mean, sd = float(row["mean"].iloc[0]), float(row["sd"].iloc[0])
+    ax.axhline(mean, color=color, linestyle=style, label=label)
+    if band and np.isfinite(sd):
+        ax.axhspan(mean - sd, mean + sd, color=color, alpha=0.12)
+
+def plot_peak_advantage_std(cells: Cells, path: str | Path) -> Figure:
+    """Bar per regime: mean over cells of the peak advantage std, each cell as a dot."""
+    fig, axes = _panels(1)
+    ax = axes[0]
+    for i, regime in enumerate(regimes(cells)):
+        values = cells.summaries.loc[cells.summaries["regime"] == regime, "peak_advantage_std"].dropna()
+        if values.empty:
+            continue
+        ax.bar(i, values.mean(), color="lightsteelblue", edgecolor="steelblue")
+        ax.annotate(f"{values.mean():.2f}", (i, values.mean()), ha="center", va="bottom", xytext=(0, 2), textcoords="offset points")
+        ax.plot(np.full(len(values), i), values, "k.", alpha=0.6)
+    ax.set_xticks(range(len(regimes(cells))), regimes(cells))
+    ax.set(ylabel="peak advantage std (per cell)", title="Peak advantage std by regime")
+    return _save(fig, path)
+
+def _mean_over_seeds(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Per arm and step, the mean of a column over seeds."""
+    return frame.groupby(["arm", "step"], sort=False)[column].mean().reset_index()
+
+def _arm_lines(ax, frame: pd.DataFrame, column: str, colors: dict, arm_order: list[str], style: str) -> None:
+    """One line per arm (mean over seeds) of column vs step."""
+    means = _mean_over_seeds(frame, column)
+    for arm in arm_order:
+        line = means[means["arm"] == arm].sort_values("step")
+        if not line.empty:
+            ax.plot(line["step"], line[column], style, color=colors[arm], label=arm)
+
+def plot_process_collapse(cells: Cells, path: str | Path) -> Figure:
+    """Process regime: eval pass@1 (top) and rollout frac_truncated (bottom) vs step, one line per arm."""
+    fig, axes = plt.subplots(2, 1, figsize=(6, 6), sharex=True)
+    evals = cells.evals[cells.evals["regime"] == "process"]
+    history = cells.history[cells.history["regime"] == "process"]
+    if evals.empty:
+        _empty(axes[0], "no finished process cells")
+        _empty(axes[1], "")
+        return _save(fig, path)
+    colors, order = _arm_colors(cells), arms(cells)
+    _arm_lines(axes[0], evals, "pass1", colors, order, ".-")
+    axes[0].set(ylabel="greedy pass@1", title="Process reward: accuracy and truncation over training")
+    axes[0].legend(fontsize=7, ncol=2)
+    if "frac_truncated" in history.columns:
+        _arm_lines(axes[1], history, "frac_truncated", colors, order, "-")
+        axes[1].set(xlabel="step", ylabel="rollout frac_truncated")
+    else:
+        _empty(axes[1], "no frac_truncated in history")
+    return _save(fig, path)
+
+def plot_pass1_over_training(cells: Cells, path: str | Path) -> Figure:
+    """Per regime: eval pass@1 vs step, one line per arm (mean over seeds), the base as a dashed anchor."""
+    fig, axes = _panels(len(regimes(cells)), sharey=True)
+    colors, order = _arm_colors(cells), arms(cells)
+    for ax, regime in zip(axes, regimes(cells)):
+        evals = cells.evals[cells.evals["regime"] == regime]
+        base = evals.loc[evals["step"] == 0, "pass1"]
+        if not base.empty:
+            ax.axhline(base.mean(), color="grey", linestyle="--", label="base")
+        _arm_lines(ax, evals, "pass1", colors, order, ".-")
+        ax.set(title=regime, xlabel="step", ylabel="greedy pass@1")
+        ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+FIGURES: dict[str, Callable[[Cells, str | Path], Figure]] = {
+    "pass1_vs_rank": plot_pass1_vs_rank,
+    "peak_advantage_std": plot_peak_advantage_std,
+    "process_collapse": plot_process_collapse,
+    "pass1_over_training": plot_pass1_over_training,
+}
+
+
+def plot_capability(table: pd.DataFrame, path: str | Path) -> Figure:
+    """The capability baseline: pass@k against k, one line per model."""
+    ks = [int(c.split("@")[1]) for c in table.columns if c.startswith("pass@")]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for _, row in table.iterrows():
+        ax.plot(ks, [row[f"pass@{k}"] for k in ks], marker="o", label=row["model"])
+    ax.set(xscale="log", xlabel="k (samples per problem)", ylabel="pass@k (held-out)", ylim=(0, 1))
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.legend()
+    ax.set_title("Capability baseline")
+    return _save(fig, path)

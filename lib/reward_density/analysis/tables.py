@@ -1,0 +1,180 @@
+"""The study's tables: accuracy over seeds, the gain of RL over the base, LoRA-vs-FullFT equivalence."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pandas as pd
+
+from .load import KEYS, Cells, arm_name, arms, regimes
+from .statistics import paired_bootstrap_diff, tost
+
+
+@dataclass(frozen=True)
+class Table:
+    """A tidy numeric table (for CSV) with its markdown rendering."""
+
+    frame: pd.DataFrame
+    markdown: str
+
+def _mean_sd(values: pd.Series) -> dict:
+    """Mean, sample sd (NaN for one value) and count."""
+    return {"mean": values.mean(), "sd": values.std(ddof=1), "n": int(values.count())}
+
+def peak_pass1(cells: Cells) -> pd.DataFrame:
+    """Per cell, the best greedy pass@1 over evaluations after training began (step > 0)."""
+    trained = cells.evals[cells.evals["step"] > 0]
+    return trained.groupby(KEYS, dropna=False, sort=False)["pass1"].max().reset_index()
+
+def accuracy_table(cells: Cells) -> Table:
+    """Mean ± sd over seeds of greedy pass@1 per regime x arm, process also at its peak, with the base."""
+    peak = peak_pass1(cells)
+    rows = []
+    for regime in regimes(cells):
+        end = cells.summaries[cells.summaries["regime"] == regime]
+        sources = {regime: (end, "final_pass1")}
+        if regime == "process":
+            sources = {"process (peak)": (peak[peak["regime"] == regime], "pass1"), "process (end)": (end, "final_pass1")}
+        base = _mean_sd(end["base_pass1"])
+        for label, (frame, column) in sources.items():
+            rows.append({"row": label, "regime": regime, "arm": "base", **base})
+            for arm in arms(cells):
+                values = frame.loc[frame["arm"] == arm, column]
+                if len(values):
+                    rows.append({"row": label, "regime": regime, "arm": arm, **_mean_sd(values)})
+    frame = pd.DataFrame(rows, columns=["row", "regime", "arm", "mean", "sd", "n"])
+    return Table(frame, _accuracy_markdown(frame, ["base", *arms(cells)]))
+
+def _accuracy_markdown(frame: pd.DataFrame, columns: list[str]) -> str:
+    """Regime rows x arm columns of "mean ± sd" strings, with the seeds per row."""
+    lines = []
+    for row, group in frame.groupby("row", sort=False):
+        cells = {r.arm: _format_mean_sd(r.mean, r.sd, r.n) for r in group.itertuples()}
+        n = group.loc[group["arm"] != "base", "n"]
+        seeds = f"{n.min()}" if n.min() == n.max() else f"{n.min()}–{n.max()}"
+        lines.append([row, *(cells.get(c, "–") for c in columns), seeds if len(n) else "0"])
+    return markdown_table(["regime", *columns, "n seeds"], lines)
+
+def _format_mean_sd(mean: float, sd: float, n: int) -> str:
+    """"0.412 ± 0.021", or "0.412 (n=1)" when there is one seed."""
+    return f"{mean:.3f} (n=1)" if n == 1 else f"{mean:.3f} ± {sd:.3f}"
+
+def markdown_table(header: list[str], rows: Iterable[list]) -> str:
+    """A GitHub-flavoured markdown table from a header and rows of cell values."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+def final_answers(cells: Cells) -> pd.DataFrame:
+    """Per-problem answers at each cell's last evaluation step."""
+    answers = cells.answers
+    last = answers.groupby("cell")["step"].transform("max")
+    return answers[answers["step"] == last]
+
+def equivalence_table(cells: Cells, margin: float, confidence: float = 0.95, n_boot: int = 2000, seed: int = 0) -> Table:
+    """Per regime and rank: paired bootstrap CI of LoRA minus FullFT final pass@1 and the TOST verdict."""
+    answers = final_answers(cells)
+    rows = []
+    for regime in regimes(cells):
+        of_regime = cells.summaries[cells.summaries["regime"] == regime]
+        full = _answers_of(answers, regime, None)
+        for rank in sorted(int(r) for r in of_regime["rank"].dropna().unique()):
+            row = {"regime": regime, "rank": rank, "arm": arm_name(rank)}
+            lora = _answers_of(answers, regime, rank)
+            reason = _skip_reason(lora, full)
+            if reason:
+                rows.append({**row, "verdict": "skipped", "reason": reason})
+                continue
+            diff = paired_bootstrap_diff(lora, full, confidence, n_boot, seed)
+            test = tost(diff, margin)
+            rows.append({
+                **row, "estimate": diff.estimate, "ci_low": diff.ci_low, "ci_high": diff.ci_high,
+                "tost_low": test.ci_low, "tost_high": test.ci_high, "p_tost": test.p_value,
+                "verdict": test.verdict, "n_pairs": diff.n_pairs, "n_seeds": diff.n_seeds,
+                "n_problems": diff.n_problems, "reason": "",
+            })
+    columns = ["regime", "rank", "arm", "estimate", "ci_low", "ci_high", "tost_low", "tost_high", "p_tost",
+               "verdict", "n_pairs", "n_seeds", "n_problems", "reason"]
+    frame = pd.DataFrame(rows, columns=columns).astype({"rank": "Int64", "n_pairs": "Int64", "n_seeds": "Int64", "n_problems": "Int64"})
+    return Table(frame, _equivalence_markdown(frame, margin, confidence))
+
+def gain_table(cells: Cells, confidence: float = 0.95, n_boot: int = 2000, seed: int = 0) -> Table:
+    """Per regime and arm: did RL move pass@1? Final minus step-0 answers of the same cells, paired bootstrap CI."""
+    answers = cells.answers
+    base, final = answers[answers["step"] == 0], final_answers(cells)
+    final = final[final["step"] > 0]  # a cell that never trained has no gain to report
+    rows = []
+    for regime in regimes(cells):
+        for arm in arms(cells):
+            row = {"regime": regime, "arm": arm}
+            before, after = (frame[(frame["regime"] == regime) & (frame["arm"] == arm)] for frame in (base, final))
+            if before.empty or after.empty:
+                rows.append({**row, "reason": "no step-0 and final evaluation of the same cell"})
+                continue
+            diff = paired_bootstrap_diff(after, before, confidence, n_boot, seed)
+            rows.append({
+                **row, "base": before["correct"].mean(),
+                "final": after["correct"].mean(), "gain": diff.estimate, "ci_low": diff.ci_low,
+                "ci_high": diff.ci_high, "n_seeds": diff.n_seeds, "n_problems": diff.n_problems, "reason": "",
+            })
+    columns = ["regime", "arm", "base", "final", "gain", "ci_low", "ci_high", "n_seeds", "n_problems", "reason"]
+    frame = pd.DataFrame(rows, columns=columns).astype({"n_seeds": "Int64", "n_problems": "Int64"})
+    return Table(frame, _gain_markdown(frame))
+
+def _gain_markdown(frame: pd.DataFrame) -> str:
+    """Regime rows x arm columns of "gain [CI]", a star where the CI excludes 0."""
+    if frame.empty:
+        return "No evaluated cell.\n"
+    columns = list(dict.fromkeys(frame["arm"]))
+    lines = []
+    for regime, group in frame.groupby("regime", sort=False):
+        values = {}
+        for r in group.itertuples():
+            if r.reason:
+                values[r.arm] = "–"
+                continue
+            moved = "*" if r.ci_low > 0 or r.ci_high < 0 else ""
+            values[r.arm] = f"{r.gain:+.3f}{moved} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]"
+        lines.append([regime, *(values.get(c, "–") for c in columns)])
+    return markdown_table(["regime", *columns], lines)
+
+def _answers_of(answers: pd.DataFrame, regime: str, rank: int | None) -> pd.DataFrame:
+    """One arm's final answers in one regime (rank None = FullFT)."""
+    arm = answers["rank"].isna() if rank is None else answers["rank"] == rank
+    return answers[(answers["regime"] == regime) & arm.fillna(False)]
+
+def _skip_reason(lora: pd.DataFrame, full: pd.DataFrame) -> str:
+    """Why a LoRA arm cannot be compared with FullFT, or "" when it can."""
+    if full.empty:
+        return "no finished FullFT cell with answers in this regime"
+    if lora.empty:
+        return "no answers for this LoRA arm"
+    if not set(lora["seed"]) & set(full["seed"]):
+        return "no seed shared with FullFT"
+    if not set(lora["problem_id"]) & set(full["problem_id"]):
+        return "no problem shared with FullFT"
+    return ""
+
+def _equivalence_markdown(frame: pd.DataFrame, margin: float, confidence: float) -> str:
+    """The equivalence table as markdown, skipped rows with their reason."""
+    if frame.empty:
+        return "No LoRA arm to compare with FullFT.\n"
+    tost_level = 1 - 2 * (1 - confidence)
+    header = ["regime", "arm", "LoRA − FullFT", f"{confidence:.0%} CI", f"{tost_level:.0%} CI (TOST)",
+              f"verdict (±{margin:g})", "pairs (seeds × problems)"]
+    lines = []
+    for r in frame.itertuples():
+        if r.verdict == "skipped":
+            lines.append([r.regime, r.arm, "–", "–", "–", f"skipped: {r.reason}", "–"])
+            continue
+        lines.append([
+            r.regime, r.arm, f"{r.estimate:+.3f}", f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}]",
+            f"[{r.tost_low:+.3f}, {r.tost_high:+.3f}]", r.verdict, f"{r.n_pairs} ({r.n_seeds} × {r.n_problems})",
+        ])
+    return markdown_table(header, lines)
+
+
+def capability_markdown(table: pd.DataFrame) -> str:
+    """The capability baseline (paper Table 2) as markdown, numbers to three decimals."""
+    rows = [[f"{v:.3f}" if isinstance(v, float) else v for v in row] for row in table.itertuples(index=False)]
+    return markdown_table(list(table.columns), rows)

@@ -1,0 +1,18 @@
+"""The files of a cell folder (DESIGN §6); summary.json, written last and atomically, marks a finished cell."""
+from __future__ import annotations
+
+from pathlib import Path
+
+PARAMS = "params.json"  # the cell's config
+HISTORY = "history.csv"  # one row of metrics per GRPO step
+EVALS = "evals.csv"  # one row per held-out evaluation
+ANSWERS = "answers.csv"  # one row per held-out problem at each evaluation
+MANIFEST = "manifest.json"  # git commit, package versions, device, wall time
+SUMMARY = "summary.json"  # the headline numbers; its presence means the cell is done
+NOTEBOOK = "cell.ipynb"  # the executed training notebook (written by the runner)
+LOG = "run.log"  # the cell process's output (written by the runner)
+
+
+def is_finished(folder: Path) -> bool:
+    """Whether a cell folder holds its done marker."""
+    return (Path(folder) / SUMMARY).is_file()

@@ -1,0 +1,213 @@
+"""The schema of a cell: every parameter of one training run, written once.
+
+`CellConfig` holds each parameter's name, type, default, meaning and check. Everything else derives
+from it: the profile validator checks a profile's `cell:` section against the fields of section "cell"
+and fills in their defaults (profiles.py); the training notebook's parameters cell is rendered from it
+(`parameters_cell`; a test fails when the two drift); the runner and the notebook both build a cell's
+config through `profiles.cell_config`.
+
+Defaults are the paper's Table 1 on a CPU; profiles override what their world changes.
+"""
+from __future__ import annotations
+
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from typing import Any
+
+from ..grpo.loss import KL_ESTIMATORS, NORMALISATIONS
+from ..grpo.precision import PRECISIONS
+from ..rewards import REGIMES
+from .checks import (
+    Checker,
+    InvalidValue,
+    boolean,
+    dropout_number,
+    int_at_least_two,
+    non_empty_string,
+    non_negative_int,
+    non_negative_number,
+    one_of,
+    optional,
+    positive_int,
+    positive_number,
+    prompt_template,
+    string_list,
+    top_p_number,
+)
+
+FULL = "full"  # full fine-tuning's rank, as profiles, notebooks and cell names write it
+SECTIONS = ("matrix", "cell", "world", "data", "run")  # where a setting's value comes from
+
+
+def setting(default: Any = MISSING, *, check: Checker, doc: str, section: str = "cell") -> Any:
+    """A CellConfig field: its default (none: required), its check, a one-line doc and its profile section."""
+    if section not in SECTIONS:
+        raise ValueError(f"unknown section {section!r}; expected one of {SECTIONS}")
+    return field(default=default, metadata={"check": check, "doc": doc, "section": section})
+
+
+def rank_label(rank: int | None) -> int | str:
+    """How a rank is written outside the code: the integer, or "full" for full fine-tuning (None)."""
+    return FULL if rank is None else rank
+
+
+def parse_rank(value: Any) -> int | None:
+    """A rank from a profile or notebook: a positive integer, or "full" (None: full fine-tuning)."""
+    if value == FULL or value is None:
+        return None
+    try:
+        return positive_int(value)
+    except InvalidValue:
+        raise ValueError(f"rank must be a positive integer or {FULL!r}, got {value!r}") from None
+
+
+def cell_name(regime: str, rank: int | None, seed: int) -> str:
+    """A cell's folder name, e.g. outcome-r4-s0 or process-rfull-s2."""
+    return f"{regime}-r{rank_label(rank)}-s{seed}"
+
+
+def parse_cell_name(name: str) -> tuple[str, int | None, int] | None:
+    """(regime, rank, seed) from a cell name, or None when the name is not one."""
+    parts = name.rsplit("-", 2)
+    if len(parts) != 3 or not parts[1].startswith("r") or not parts[2].startswith("s"):
+        return None
+    rank, seed = parts[1][1:], parts[2][1:]
+    if not (rank == FULL or (rank.isdigit() and int(rank) > 0)) or not seed.isdigit():
+        return None
+    return parts[0], parse_rank(rank if rank == FULL else int(rank)), int(seed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellConfig:
+    """Every parameter of one cell of the matrix (see the module docstring)."""
+
+    # The arm, from the profile's matrix.
+    regime: str = setting(check=one_of(*REGIMES), section="matrix",
+                          doc="the reward: outcome (O(1)) | process (O(S)) | distillation (O(N))")
+    rank: int | None = setting(check=optional(positive_int), section="matrix",
+                               doc="LoRA rank; None is full fine-tuning (written 'full')")
+    seed: int = setting(check=non_negative_int, section="matrix",
+                        doc="seeds the adapter initialisation, the problem order and the sampling")
+    learning_rate: float = setting(check=positive_number, section="matrix",
+                                   doc="AdamW learning rate (matrix.learning_rate of the arm)")
+
+    # GRPO (paper Table 1).
+    steps: int = setting(100, check=positive_int, doc="GRPO steps")
+    prompts_per_step: int = setting(4, check=positive_int, doc="P, problems per step")
+    group_size: int = setting(4, check=int_at_least_two, doc="G, samples per problem")
+    temperature: float = setting(0.7, check=positive_number,
+                                 doc="sampling temperature; log-probs are taken at it too")
+    top_p: float = setting(0.95, check=top_p_number, doc="nucleus sampling mass")
+    max_new_tokens: int = setting(1536, check=positive_int, doc="completion cap while training")
+    beta: float = setting(0.05, check=non_negative_number, doc="KL penalty weight; 0 skips the reference pass")
+    kl_estimator: str = setting("paper", check=one_of(*KL_ESTIMATORS), doc="paper (Eq. 5) | k3 | k1")
+    loss_normalisation: str = setting("token_mean", check=one_of(*NORMALISATIONS),
+                                      doc="token_mean (paper) | sequence_mean (GRPO) | constant (Dr. GRPO)")
+    advantage_eps: float = setting(1e-4, check=positive_number, doc="added to the group std (Eq. 3)")
+    max_grad_norm: float = setting(1.0, check=positive_number, doc="gradient-norm clip")
+    weight_decay: float = setting(0.0, check=non_negative_number, doc="AdamW weight decay")
+    lora_alpha: float = setting(32, check=positive_number, doc="LoRA alpha, whatever the rank")
+    lora_dropout: float = setting(0.0, check=dropout_number, doc="LoRA dropout")
+
+    # Evaluation: greedy pass@1 on a fixed held-out set.
+    eval_every: int = setting(10, check=positive_int, doc="evaluate every this many steps (and at 0 and the end)")
+    eval_problems: int = setting(100, check=positive_int, doc="the first this many held-out problems")
+    eval_max_new_tokens: int = setting(1536, check=positive_int, doc="completion cap while evaluating")
+    eval_batch_size: int = setting(50, check=positive_int, doc="held-out problems per greedy batch")
+
+    # Execution.
+    device: str = setting("cpu", check=non_empty_string, doc="the student's device (policy and reference)")
+    teacher_device: str = setting("cpu", check=non_empty_string, doc="the distillation teacher's device")
+    prm_device: str = setting("cpu", check=non_empty_string, doc="the process reward model's device")
+    precision: str = setting("fp32", check=one_of(*PRECISIONS),
+                             doc="fp32 | bf16 (autocast; trained weights stay fp32)")
+    micro_batch_size: int | None = setting(None, check=optional(positive_int),
+                                           doc="rows per forward/backward pass (unset: the whole batch)")
+    gradient_checkpointing: bool = setting(False, check=boolean, doc="recompute activations in the backward")
+
+    # The world, from the profile's world section: a local path or a hub id each.
+    student: str = setting(check=non_empty_string, section="world", doc="the policy's base model")
+    teacher: str = setting(check=non_empty_string, section="world", doc="the distillation teacher")
+    prm: str = setting(check=non_empty_string, section="world", doc="the process reward model")
+    problems: str = setting(check=non_empty_string, section="world", doc="the training problems")
+    heldout: str | None = setting(None, check=optional(non_empty_string), section="world",
+                                  doc="the held-out problems (unset: the mini world's problems/heldout.jsonl)")
+
+    # How MATH-schema datasets become prompts, from the profile's data section (the paper world).
+    prompt_template: str | None = setting(None, check=optional(prompt_template), section="data",
+                                          doc="the prompt around each problem (unset: the mini world's own files)")
+    problem_subsets: list[str] | None = setting(None, check=optional(string_list), section="data",
+                                                doc="dataset configs of `problems` to read (unset: the default one)")
+
+    # Where the run writes, set by whoever runs the cell.
+    out_dir: str = setting(check=non_empty_string, section="run", doc="the cell folder")
+    profile: str = setting("custom", check=non_empty_string, section="run", doc="the profile's name")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            try:
+                f.metadata["check"](value)
+            except InvalidValue as exc:
+                raise ValueError(f"cell setting {f.name} = {value!r}: expected {exc}") from None
+
+    @classmethod
+    def settings(cls, *sections: str) -> list[Field]:
+        """The fields of the given sections (all when none is given), in declaration order."""
+        return [f for f in fields(cls) if not sections or f.metadata["section"] in sections]
+
+    @property
+    def name(self) -> str:
+        """The cell's folder name."""
+        return cell_name(self.regime, self.rank, self.seed)
+
+    def to_parameters(self) -> dict[str, Any]:
+        """The values as a notebook receives them (rank written 'full' for full fine-tuning)."""
+        return asdict(self) | {"rank": rank_label(self.rank)}
+
+
+# ------------------------------------------------------------------------------ the notebook's parameters
+
+# The notebook's own defaults for the parameters that pick the cell: a smoke cell runs in seconds.
+NOTEBOOK_CELL = {"profile": "smoke", "regime": "outcome", "rank": 1, "seed": 0}
+_NOTEBOOK_CELL_LINES = {
+    "profile": 'profile: str = "smoke"  # a profile name (params/<name>.yaml) or the path of a profile file',
+    "regime": 'regime: str = "outcome"  # the reward: outcome | process | distillation',
+    "rank": 'rank: Union[int, str] = 1  # LoRA rank, or "full" for full fine-tuning',
+    "seed": "seed: int = 0  # seeds the adapter initialisation, the problem order and the sampling",
+}
+_NONE_MEANS = {"learning_rate": "the profile's rate for this arm", "out_dir": "outputs/<profile>/cells/<cell name>"}
+
+
+def _optional_annotation(annotation: str) -> str:
+    """'int' -> 'Optional[int]', 'list[str] | None' -> 'Optional[list[str]]' (papermill reads typing names)."""
+    inner = annotation.removesuffix(" | None")
+    return f"Optional[{inner}]"
+
+
+def notebook_settings() -> list[Field]:
+    """The settings a notebook may override: every field but those that pick the cell and the profile's name."""
+    return [f for f in CellConfig.settings() if f.name not in NOTEBOOK_CELL and f.name != "profile"]
+
+
+def parameters_cell() -> str:
+    """The source of the training notebook's parameters cell, rendered from CellConfig."""
+    lines = [
+        "from typing import Optional, Union  # the annotations below are what `papermill --help-notebook` shows",
+        "",
+        *(_NOTEBOOK_CELL_LINES[name] for name in NOTEBOOK_CELL),
+        "# Every setting below left at None takes the profile's value, or the schema default in [brackets]",
+        "# (reward_density.experiment.config.CellConfig).",
+    ]
+    for f in notebook_settings():
+        if f.name in _NONE_MEANS:
+            meaning = f"; None: {_NONE_MEANS[f.name]}"
+        elif f.default is MISSING:
+            meaning = f"; None: the profile's {f.metadata['section']}.{f.name}"
+        else:
+            meaning = f" [{f.default!r}]"
+        lines.append(f"{f.name}: {_optional_annotation(f.type)} = None  # {f.metadata['doc']}{meaning}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(parameters_cell())

@@ -1,0 +1,101 @@
+"""The study's command line: world building, every training cell of a profile, then the analysis.
+
+    python -m reward_density.run --profile mini [--cells 'outcome-*,*-rfull-*'] [--jobs 2 | --gpus 0,1]
+        [--executor slurm|local] [--root DIR] [--stages world,baseline,cells,analysis]
+
+Cells write into `<root>/outputs/<profile>/cells/<cell name>/`; finished cells are skipped, leftovers of
+killed or failed runs are cleared and rerun (run/matrix.py). With --gpus, each cell process sees only its
+own GPUs: one GPU per cell, or a group when the profile places the teacher or the PRM on cuda:1.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from ..experiment.profiles import REPO_ROOT, Profile, find_profile, load_profile, resolve_world_entry
+from .local import gpu_slots
+from .matrix import select_cells
+from .notebooks import NotebookFailed
+from .reachability import WorldUnreachable, check_world
+from .slurm import profile_executor
+from .stages import STAGES, stage_analysis, stage_baseline, stage_cells, stage_world
+
+
+def _parse_stages(text: str) -> list[str]:
+    """The comma-separated stages, validated, in their natural order."""
+    stages = [stage.strip() for stage in text.split(",") if stage.strip()]
+    unknown = [stage for stage in stages if stage not in STAGES]
+    if unknown or not stages:
+        raise argparse.ArgumentTypeError(f"unknown stage(s) {unknown}; choose from {', '.join(STAGES)}")
+    return [stage for stage in STAGES if stage in stages]
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    parser = argparse.ArgumentParser(prog="python -m reward_density.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", help="profile name (params/<name>.yaml under --root) or a YAML path")
+    parser.add_argument("--cells", default=None, help="comma-separated globs on cell names, e.g. 'outcome-*,*-rfull-*'")
+    parser.add_argument("--jobs", type=int, default=1, help="cells run at once (default 1)")
+    parser.add_argument("--gpus", default=None,
+                        help="GPU indices, e.g. 0,1,2,3: one cell per GPU (or per group of GPUs when the profile "
+                             "uses cuda:1 too) at once; replaces --jobs")
+    parser.add_argument("--executor", choices=("slurm", "local"), default=None,
+                        help="submit the cells as a submitit job array (Slurm, or local subprocesses) with the "
+                             "profile's `cluster` settings, instead of running them here")
+    parser.add_argument("--root", type=Path, default=REPO_ROOT, help=f"project root (default {REPO_ROOT})")
+    parser.add_argument("--stages", type=_parse_stages, default=list(STAGES), help="default: " + ",".join(STAGES))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry: validate the profile, then run the stages; 2 on a bad profile, 1 on any failure."""
+    args = _parser().parse_args(argv)
+    if not args.profile:
+        _parser().error("--profile is required")
+    root = args.root.resolve()
+    try:
+        profile = load_profile(find_profile(args.profile, root))
+        if "cells" in args.stages:
+            select_cells(profile, args.cells)
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        slots = gpu_slots(args.gpus, profile) if args.gpus else None
+        executor = profile_executor(args.executor, profile, root) if args.executor else None
+    except ValueError as exc:  # ProfileError included
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    papermill_log = logging.getLogger("papermill")
+    papermill_log.setLevel(logging.INFO)  # the stage notebooks' own output (world-building progress)
+    papermill_log.addFilter(lambda record: not record.getMessage().startswith(("Executing Cell", "Ending Cell")))
+    try:
+        return _run_stages(profile, root, args.stages, args.cells, args.jobs, slots, executor)
+    except KeyboardInterrupt:
+        print("interrupted: running cells were stopped; rerun to resume", file=sys.stderr)
+        return 130
+
+
+def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: str | None, jobs: int,
+                slots: list[str] | None, executor) -> int:
+    """Run the chosen stages in order; the analysis runs even when some cells failed."""
+    ok = True
+    try:
+        if "world" in stages:
+            stage_world(profile, root)
+        if {"baseline", "cells"} & set(stages):
+            check_world({k: resolve_world_entry(v, root) for k, v in profile.world.items()}, profile.data)
+        if "baseline" in stages:
+            stage_baseline(profile, root)
+        if "cells" in stages:
+            ok = stage_cells(profile, root, cells_filter, jobs, slots, executor).ok
+        if "analysis" in stages:
+            stage_analysis(profile, root)
+    except WorldUnreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, NotebookFailed) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0 if ok else 1

@@ -1,0 +1,61 @@
+"""One schema for a cell: CellConfig, which the notebook's parameters, the profiles and the runner all follow."""
+from __future__ import annotations
+
+from dataclasses import MISSING
+
+import jupytext
+import papermill
+
+from reward_density.experiment.config import CellConfig, cell_name, notebook_settings, parameters_cell, parse_cell_name
+from reward_density.experiment.profiles import REPO_ROOT, cell_config, find_profile, load_profile
+
+NOTEBOOK = REPO_ROOT / "notebooks" / "train_cell.py"
+
+
+def parameters_source() -> str:
+    notebook = jupytext.read(NOTEBOOK, fmt="py:percent")
+    [cell] = [c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])]
+    return cell.source
+
+
+def test_the_notebooks_parameters_cell_is_the_one_rendered_from_the_schema():
+    assert parameters_source() == parameters_cell(), (
+        "notebooks/train_cell.py's parameters cell drifted from CellConfig; replace it with the output of "
+        "`python -m reward_density.experiment.config`")
+
+
+def test_papermill_shows_a_type_for_every_notebook_parameter(tmp_path):
+    ipynb = tmp_path / "train_cell.ipynb"
+    notebook = jupytext.read(NOTEBOOK, fmt="py:percent")
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    jupytext.write(notebook, ipynb, fmt="ipynb")
+    shown = papermill.inspect_notebook(str(ipynb))
+    untyped = [name for name, p in shown.items() if p["inferred_type_name"] in ("None", "")]
+    assert not untyped, f"papermill --help-notebook shows no type for {untyped}"
+    expected = ["profile", "regime", "rank", "seed"] + [f.name for f in notebook_settings()]
+    assert list(shown) == expected
+    assert shown["steps"]["inferred_type_name"] == "Optional[int]" and shown["rank"]["inferred_type_name"] == "Union[int, str]"
+
+
+def test_every_setting_has_a_doc_a_check_and_a_section():
+    for f in CellConfig.settings():
+        assert f.metadata["doc"] and callable(f.metadata["check"]), f.name
+    assert all(f.default is not MISSING for f in CellConfig.settings("cell")), "a profile may leave out any cell setting"
+
+
+def test_the_notebook_and_the_runner_build_the_same_config_for_a_cell(tmp_path):
+    """The runner passes every value; a papermill user passes the arm alone: both get the profile's cell."""
+    profile = load_profile(find_profile("mini"))
+    from_runner = cell_config(profile, "outcome", None, 2, learning_rate=profile.matrix.learning_rate["full"])
+    explicit = {f.name: v for f in notebook_settings() if (v := getattr(from_runner, f.name)) is not None}
+    from_notebook = cell_config(load_profile(find_profile(str(profile.path))), "outcome", "full", 2, **explicit)
+    assert from_notebook == from_runner == cell_config(profile, "outcome", "full", 2)
+    assert from_runner.learning_rate == profile.matrix.learning_rate["full"] != profile.matrix.learning_rate["lora"]
+
+
+def test_cell_names_round_trip():
+    for regime, rank, seed in [("outcome", 4, 0), ("process", None, 12), ("distillation", 1, 3)]:
+        assert parse_cell_name(cell_name(regime, rank, seed)) == (regime, rank, seed)
+    assert cell_name("process", None, 2) == "process-rfull-s2"
+    for bad in ("outcome", "outcome-r-s0", "outcome-rx-s0", "outcome-r4-sx", "outcome-r0-s1"):
+        assert parse_cell_name(bad) is None, bad
