@@ -14,19 +14,19 @@
 # This notebook joins the finished cells of one profile (`<outputs_dir>/cells/<regime>-r<rank|full>-s<seed>/`,
 # finished when `summary.json` exists) into the study's tables and figures, and writes a markdown report.
 # A partial matrix is fine: tables show what exists and comparisons that cannot be made say why.
-# All logic lives in `reward_density.analysis` (load, tables, statistics, plots, report); this notebook only calls it.
+# All logic lives in `reward_density.analysis` (load, tables, statistics, dynamics, plots, report); this notebook
+# only calls it.
 
 # %% tags=["parameters"]
 profile = "smoke"
 outputs_dir = "outputs/smoke"
 equivalence_margin = 0.05
-bootstrap_samples = 2000
 confidence = 0.95
 
 # %%
 from IPython.display import Image, Markdown, display
 
-from reward_density.analysis import load, plots, report, tables
+from reward_density.analysis import dynamics, load, plots, report, tables
 from reward_density.experiment.profiles import REPO_ROOT
 
 report_dir = REPO_ROOT / outputs_dir  # relative paths are taken from the repository root
@@ -55,27 +55,50 @@ print(accuracy.markdown)
 # ## Did RL move pass@1?
 #
 # Before asking which rank matches FullFT, check that training moved anything: each cell's final answers
-# minus its own step-0 answers, paired by seed and held-out problem, with the same two-way bootstrap CI as
-# below. A star marks a CI that excludes 0. Many problems flip both ways during training, so a gain of a
-# few points on 100 problems can sit inside its CI even when every seed improved.
+# minus its own step-0 answers, paired by seed and held-out problem, with the same crossed interval as
+# below. A star marks an interval that excludes 0. The SFT control's gain is on its own skill.
 
 # %%
 # NBVAL_CHECK_OUTPUT
-gain = tables.gain_table(cells, confidence, bootstrap_samples)
+gain = tables.gain_table(cells, confidence)
 print(gain.markdown)
 
 # %% [markdown]
 # ## Equivalence of each LoRA rank with FullFT
 #
 # "Inside ±1 sd" is not a test. Here each LoRA arm is paired with FullFT by seed and held-out problem at the
-# final evaluation; the CI of the mean difference comes from a two-way bootstrap over seeds and problems, and
-# TOST declares equivalence when the (1 − 2α) CI lies inside ±margin (α = 1 − confidence). "Different" means
-# the confidence CI excludes 0 without equivalence being shown; anything else is "inconclusive".
+# final evaluation. Seeds and problems are crossed random factors, so the interval of the mean difference
+# comes from a two-way random-effects model (Student's t with Satterthwaite's degrees of freedom): with few
+# seeds it widens, where a bootstrap over seeds would claim more than it knows. TOST declares equivalence when
+# the (1 − 2α) interval lies inside ±margin (α = 1 − confidence). "Different" means the confidence interval
+# excludes 0 without equivalence being shown; anything else is "inconclusive".
 
 # %%
 # NBVAL_CHECK_OUTPUT
-equivalence = tables.equivalence_table(cells, equivalence_margin, confidence, bootstrap_samples)
+equivalence = tables.equivalence_table(cells, equivalence_margin, confidence)
 print(equivalence.markdown)
+
+# %% [markdown]
+# ## Power
+#
+# How precisely each comparison was measured: the half-width of the interval TOST reads, and the minimum
+# detectable difference (the smallest true LoRA − FullFT gap a two-sided 5% test finds with 80% power).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(tables.power_markdown(equivalence.frame))
+
+# %% [markdown]
+# ## Plateau and collapse
+#
+# Did each arm stop learning before its last step (at most 10% of its gain in the last quarter)? And, per
+# regime, when did the advantage std and the completion length peak, and did pass@1 fall back below the base
+# (the paper's process regime: steps 28, 70 and 79)?
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(dynamics.plateau_table(cells).markdown)
+print(dynamics.collapse_table(cells).markdown)
 
 # %% [markdown]
 # ## Pass@1 vs rank
@@ -124,6 +147,6 @@ display(Image(figures / "pass1_over_training.png"))
 # The tables (CSV and markdown), the figures and `report.md` tying them together, under `<outputs_dir>`.
 
 # %%
-report_path = report.write_report(cells, report_dir, equivalence_margin, confidence, bootstrap_samples, profile)
+report_path = report.write_report(cells, report_dir, equivalence_margin, confidence, profile)
 print(report_path)
 display(Markdown(report_path.read_text()))

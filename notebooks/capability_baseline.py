@@ -33,6 +33,7 @@ device = "cpu"  # student
 teacher_device = "cpu"
 precision = "fp32"  # fp32 | bf16
 seed = 0
+profile = None  # a profile name or path: also evaluate the base greedily on its held-out sets, once per world
 
 # %%
 from pathlib import Path
@@ -46,8 +47,9 @@ from reward_density.analysis.tables import capability_markdown
 from reward_density.data.answer_check import AnswerChecker
 from reward_density.data.problem_sets import heldout_problems
 from reward_density.data.sources import load_causal_lm, load_tokenizer
-from reward_density.experiment.baseline import capability_row
-from reward_density.experiment.profiles import REPO_ROOT, resolve_world_entry
+from reward_density.experiment.baseline import base_configs, base_evaluation, capability_row
+from reward_density.experiment.cell import load_problem_splits
+from reward_density.experiment.profiles import REPO_ROOT, find_profile, load_profile, resolve_world_entry
 from reward_density.grpo.precision import autocast, frozen_dtype
 from reward_density.grpo.sampler import SamplingConfig
 
@@ -73,7 +75,6 @@ for name, path, on in (("student", student, device), ("teacher", teacher, teache
         rows.append(capability_row(name, model, load_tokenizer(local(path)), problem_set, checker, sampling, ks, seed,
                                    batch_size=batch_size))
     del model
-checker.close()
 table = pd.DataFrame(rows)
 table.to_csv(out / "capability.csv", index=False)
 (out / "capability.md").write_text(capability_markdown(table) + "\n")
@@ -88,6 +89,28 @@ print(capability_markdown(table))
 # %%
 plot_capability(table, out / "capability.png")
 display(Image(out / "capability.png"))
+
+# %% [markdown]
+# ## The base model's greedy evaluation, once per world
+#
+# Every training cell starts as the base model (a LoRA adapter starts at zero, a FullFT copy is the base),
+# so every cell's step-0 evaluation is this one. It is computed here once per world and held-out set and
+# saved under a key of the student's weights, the problems and the decoding settings; a cell that finds
+# its key reuses it, and one that does not evaluates the base itself.
+
+# %%
+base_lines = []
+for config in base_configs(load_profile(find_profile(profile)), out) if profile is not None else []:
+    model = load_causal_lm(config.student, dtype=frozen_dtype(config.precision), device=config.device, what="student")
+    _, heldout_set = load_problem_splits(config, checker)
+    pass1, _ = base_evaluation(config, model, load_tokenizer(config.student), heldout_set, checker)
+    which = "the SFT control's skill" if config.regime == "sft" else "the task"
+    base_lines.append(f"base greedy pass@1 on {len(heldout_set)} held-out problems of {which}: {pass1:.3f}")
+checker.close()
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print("\n".join(base_lines))
 
 # %%
 print(f"written: {out / 'capability.csv'}, {out / 'capability.md'}, {out / 'capability.png'}")

@@ -24,12 +24,13 @@
 from typing import Optional, Union  # the annotations below are what `papermill --help-notebook` shows
 
 profile: str = "smoke"  # a profile name (params/<name>.yaml) or the path of a profile file
-regime: str = "outcome"  # the reward: outcome | process | distillation
-rank: Union[int, str] = 1  # LoRA rank, or "full" for full fine-tuning
+regime: str = "outcome"  # the reward: outcome | process | distillation; or sft, the control
+rank: Union[int, str, list] = 1  # LoRA rank, "full", or a list of them trained side by side (stacked)
 seed: int = 0  # seeds the adapter initialisation, the problem order and the sampling
+cells_dir: Optional[str] = None  # where each cell's folder goes; None: outputs/<profile>/cells
 # Every setting below left at None takes the profile's value, or the schema default in [brackets]
 # (reward_density.experiment.config.CellConfig).
-learning_rate: Optional[float] = None  # AdamW learning rate (matrix.learning_rate of the arm); None: the profile's rate for this arm
+learning_rate: Optional[Union[float, list]] = None  # AdamW learning rate (matrix.learning_rate of the arm; a list: one per rank); None: the profile's rate for each arm
 steps: Optional[int] = None  # GRPO steps [100]
 prompts_per_step: Optional[int] = None  # P, problems per step [4]
 group_size: Optional[int] = None  # G, samples per problem [4]
@@ -46,8 +47,10 @@ lora_alpha: Optional[float] = None  # LoRA alpha, whatever the rank [32]
 lora_dropout: Optional[float] = None  # LoRA dropout [0.0]
 eval_every: Optional[int] = None  # evaluate every this many steps (and at 0 and the end) [10]
 eval_problems: Optional[int] = None  # the first this many held-out problems [100]
+eval_split: Optional[str] = None  # the mini world's split evaluated: heldout (the study) | dev (choosing settings) ['heldout']
 eval_max_new_tokens: Optional[int] = None  # completion cap while evaluating [1536]
 eval_batch_size: Optional[int] = None  # held-out problems per greedy batch [50]
+engine: Optional[str] = None  # peft: one cell per process, any model | stacked: a regime and seed's arms in one batched pass (Qwen3, fp32) ['peft']
 device: Optional[str] = None  # the student's device (policy and reference) ['cpu']
 teacher_device: Optional[str] = None  # the distillation teacher's device ['cpu']
 prm_device: Optional[str] = None  # the process reward model's device ['cpu']
@@ -58,10 +61,11 @@ student: Optional[str] = None  # the policy's base model; None: the profile's wo
 teacher: Optional[str] = None  # the distillation teacher; None: the profile's world.teacher
 prm: Optional[str] = None  # the process reward model; None: the profile's world.prm
 problems: Optional[str] = None  # the training problems; None: the profile's world.problems
+control: Optional[str] = None  # the SFT control's problems (train.jsonl, heldout.jsonl with solutions) [None]
 heldout: Optional[str] = None  # the held-out problems (unset: the mini world's problems/heldout.jsonl) [None]
 prompt_template: Optional[str] = None  # the prompt around each problem (unset: the mini world's own files) [None]
 problem_subsets: Optional[list[str]] = None  # dataset configs of `problems` to read (unset: the default one) [None]
-out_dir: Optional[str] = None  # the cell folder; None: outputs/<profile>/cells/<cell name>
+base_answers: Optional[str] = None  # a folder of base evaluations computed once per world (unset: the cell's own) [None]
 
 # %%
 import matplotlib.pyplot as plt
@@ -70,64 +74,80 @@ import torch
 
 from reward_density.data.answer_check import AnswerChecker
 from reward_density.experiment import cell
+from reward_density.experiment.baseline import base_evaluation
 from reward_density.experiment.config import notebook_settings
-from reward_density.experiment.profiles import cell_config, find_profile, load_profile
+from reward_density.experiment.profiles import find_profile, group_configs, load_profile
 
 # %%
 # NBVAL_CHECK_OUTPUT
 # The parameters cell above assigned every setting by name; those left at None come from the profile.
 settings = {f.name: globals()[f.name] for f in notebook_settings() if globals()[f.name] is not None}
-config = cell_config(load_profile(find_profile(profile)), regime, rank, seed, **settings)
-print(f"cell {config.name} ({config.profile}): lr {config.learning_rate}, {config.steps} steps of "
-      f"P={config.prompts_per_step} x G={config.group_size}, {config.precision} on {config.device}")
+ranks = rank if isinstance(rank, list) else [rank]
+configs = group_configs(load_profile(find_profile(profile)), regime, ranks, seed, cells_dir=cells_dir, **settings)
+for config in configs:
+    print(f"cell {config.name} ({config.profile}): lr {config.learning_rate}, {config.steps} steps of "
+          f"P={config.prompts_per_step} x G={config.group_size}, {config.precision} on {config.device}, "
+          f"engine {config.engine}")
 
 # %% [markdown]
 # ## Inputs
 #
 # Everything is loaded before the first step, so a missing model or an unreadable problem file fails
-# here rather than after minutes of training. The reward module is the only part that knows the regime.
+# here rather than after minutes of training. The reward module is the only part that knows the regime
+# (the SFT control has none: it learns from the solutions of its problems). Every arm starts as the base
+# model, so the step-0 evaluation is the base's, computed once per world and reused when the run provides it.
 
 # %%
+config = configs[0]
 torch.manual_seed(config.seed)
 checker = AnswerChecker()
 inputs = cell.load_inputs(config, checker)
-policy = cell.make_policy(config, inputs.student)
-writer = cell.CellWriter(config, extra={"hidden_size": inputs.student.config.hidden_size})
-trainable = sum(p.numel() for p in policy.trainable_parameters())
-print(f"{len(inputs.train)} training problems, {len(inputs.heldout)} held-out; "
-      f"{trainable} trainable parameters ({'FullFT' if config.rank is None else f'LoRA r={config.rank}'})")
+base = base_evaluation(config, inputs.student, inputs.tokenizer, inputs.heldout, checker)
+policy = cell.make_policy(configs, inputs.student)
+writers = [cell.CellWriter(c, extra={"hidden_size": inputs.student.config.hidden_size}) for c in configs]
+print(f"{len(inputs.train)} training problems, {len(inputs.heldout)} held-out; base greedy pass@1 {base[0]:.3f}")
+for arm, c in enumerate(configs):
+    trainable = sum(p.numel() for p in policy.parameters(arm))
+    print(f"  {c.name}: {trainable} trainable parameters ({'FullFT' if c.rank is None else f'LoRA r={c.rank}'})")
 
 # %% [markdown]
 # ## Training
 #
 # Each step samples G completions for P problems, turns the reward's deposits into advantages (per token
 # when every token carries a deposit, return-to-go otherwise), and takes one step of the clipped GRPO loss
-# with the KL penalty to the reference. Greedy pass@1 on the held-out set is measured before training,
-# every `eval_every` steps and at the end.
+# with the KL penalty to the reference; the SFT control takes a supervised step on P x G solutions instead.
+# Arms trained together (engine `stacked`) share every batched pass but nothing else: each has its own
+# weights, rewards, loss, gradient clip and learning rate. Greedy pass@1 on the held-out set is measured
+# before training, every `eval_every` steps and at the end.
 
 # %%
-cell.train(config, inputs, policy, writer)
+cell.train(configs, inputs, policy, writers, base)
 checker.close()
 
 # %%
 # NBVAL_CHECK_OUTPUT
-history = pd.DataFrame(writer.history)
-evals = pd.DataFrame(writer.evals)
-print(evals.round(4).to_string(index=False))
-print(history[["step", "reward_mean", "advantage_std", "len_mean", "grad_norm"]].round(4).to_string(index=False))
+for writer in writers:
+    history, evals = pd.DataFrame(writer.history), pd.DataFrame(writer.evals)
+    columns = [c for c in ("step", "reward_mean", "advantage_std", "loss", "len_mean", "grad_norm") if c in history]
+    print(writer.config.name)
+    print(evals.round(4).to_string(index=False))
+    print(history[columns].round(4).to_string(index=False))
 
 # %%
-fig, axes = plt.subplots(1, 3, figsize=(12, 3))
-evals.plot(x="step", y="pass1", marker="o", ax=axes[0], legend=False, title="held-out greedy pass@1")
-history.plot(x="step", y="reward_mean", ax=axes[1], legend=False, title="mean trajectory reward")
-history.plot(x="step", y=["len_mean", "frac_truncated"], ax=axes[2], secondary_y="frac_truncated",
-             title="completion length / truncated");
+fig, axes = plt.subplots(1, 2, figsize=(10, 3))
+for writer in writers:
+    evals, history = pd.DataFrame(writer.evals), pd.DataFrame(writer.history)
+    axes[0].plot(evals["step"], evals["pass1"], marker="o", label=writer.config.name)
+    axes[1].plot(history["step"], history["reward_mean" if "reward_mean" in history else "loss"], label=writer.config.name)
+axes[0].set(title="held-out greedy pass@1", xlabel="step")
+axes[1].set(title="mean trajectory reward (SFT: loss)", xlabel="step")
+axes[0].legend(fontsize=7);
 
 # %% [markdown]
 # ## Summary
 #
-# `summary.json` is written last and atomically: its presence is what marks this cell as finished.
+# Each cell's `summary.json` is written last and atomically: its presence is what marks the cell as finished.
 
 # %%
-summary = writer.finish(config.device)
-print(pd.Series(summary).to_string())
+summaries = pd.DataFrame([writer.finish(config.device) for writer in writers])
+print(summaries.to_string(index=False))

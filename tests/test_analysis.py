@@ -107,7 +107,7 @@ def test_process_peak_row_is_the_max_over_evals(outputs):
 
 
 def test_equivalence_table_pairs_final_answers(outputs):
-    table = equivalence_table(load_cells(outputs), margin=0.05, n_boot=300)
+    table = equivalence_table(load_cells(outputs), margin=0.05)
     frame = table.frame
     assert list(zip(frame["regime"], frame["arm"])) == [("outcome", "r1"), ("outcome", "r2"), ("process", "r1"), ("process", "r2")]
     assert frame["n_pairs"].tolist() == [20] * 4
@@ -119,29 +119,31 @@ def test_equivalence_table_pairs_final_answers(outputs):
 
 
 def test_gain_table_pairs_each_cell_with_its_own_base(outputs):
-    table = gain_table(load_cells(outputs), n_boot=300)
+    table = gain_table(load_cells(outputs))
     frame = table.frame.set_index(["regime", "arm"])
     full = frame.loc[("outcome", "full")]
     assert full["base"] == pytest.approx(BASE / N_PROBLEMS) and full["final"] == pytest.approx(0.7)
     assert full["gain"] == pytest.approx(np.mean([6 - BASE, 8 - BASE]) / N_PROBLEMS)
-    assert full["ci_low"] > 0, "every seed solved more problems, and none fewer: the CI must exclude 0"
+    # Two seeds that disagree (gains 3 and 5 of 10) leave the seed variance one degree of freedom: wide.
+    assert full["ci_low"] < 0 < full["gain"] < full["ci_high"]
     assert frame.loc[("outcome", "r2"), "gain"] == pytest.approx(0.2)
     assert frame.loc[("process", "full"), "gain"] == pytest.approx(np.mean([1 - BASE, 3 - BASE]) / N_PROBLEMS)
-    assert "| outcome | +0.200 [" in table.markdown and "| +0.400* [" in table.markdown, table.markdown
+    assert "| outcome | +0.200 [" in table.markdown, table.markdown
 
 
 def test_report_and_every_figure_are_written_deterministically(outputs, tmp_path):
     cells = load_cells(outputs)
     out = tmp_path / "analysis"
-    report = write_report(cells, out, margin=0.05, confidence=0.95, n_boot=200, profile_name="smoke")
-    names = ["accuracy.csv", "accuracy.md", "equivalence.csv", "gain.csv", "report.md"]
+    report = write_report(cells, out, margin=0.05, confidence=0.95, profile_name="smoke")
+    names = ["accuracy.csv", "accuracy.md", "equivalence.csv", "gain.csv", "plateau.csv", "collapse.csv", "report.md"]
     names += [f"figures/{f}.png" for f in FIGURES]
     first = {n: (out / n).read_bytes() for n in names}
     assert report == out / "report.md" and all(first.values())
     text = report.read_text()
     assert "Finished cells: 12 of 16" in text and "±0.05" in text and "d = 128" in text and "r2 = d/64" in text
     assert "figures/process_collapse.png" in text and "Final minus base" in text
-    write_report(cells, out, margin=0.05, confidence=0.95, n_boot=200, profile_name="smoke")
+    assert "## Power" in text and "min. detectable difference" in text and "## Plateau" in text
+    write_report(cells, out, margin=0.05, confidence=0.95, profile_name="smoke")
     assert {n: (out / n).read_bytes() for n in names} == first
 
 
@@ -151,10 +153,10 @@ def test_one_seed_without_fullft_still_reports(tmp_path):
     cells = load_cells(tmp_path)
     table = accuracy_table(cells)
     assert "0.500 (n=1)" in table.markdown and "full" not in table.frame["arm"].tolist()
-    equivalence = equivalence_table(cells, margin=0.05, n_boot=100)
+    equivalence = equivalence_table(cells, margin=0.05)
     assert equivalence.frame["verdict"].tolist() == ["skipped", "skipped"]
     assert equivalence.frame["reason"].str.contains("no finished FullFT").all()
-    report = write_report(cells, tmp_path / "analysis", margin=0.05, n_boot=100, profile_name="tiny")
+    report = write_report(cells, tmp_path / "analysis", margin=0.05, profile_name="tiny")
     assert "skipped: no finished FullFT" in report.read_text()
     assert all((tmp_path / "analysis" / "figures" / f"{f}.png").is_file() for f in FIGURES)
 
@@ -162,7 +164,7 @@ def test_one_seed_without_fullft_still_reports(tmp_path):
 def test_fullft_without_shared_seed_is_skipped_with_reason(tmp_path):
     write_cell(tmp_path, "outcome", 1, 0, 5)
     write_cell(tmp_path, "outcome", None, 1, 5)
-    frame = equivalence_table(load_cells(tmp_path), margin=0.05, n_boot=100).frame
+    frame = equivalence_table(load_cells(tmp_path), margin=0.05).frame
     assert frame["verdict"].tolist() == ["skipped"] and frame["reason"].item() == "no seed shared with FullFT"
 
 
@@ -174,6 +176,6 @@ def test_fullft_without_shared_seed_is_skipped_with_reason(tmp_path):
 def test_partial_matrices_still_report(tmp_path, setup):
     for cell in setup:
         write_cell(tmp_path, *cell)
-    report = write_report(load_cells(tmp_path), tmp_path / "analysis", margin=0.05, n_boot=50, profile_name="partial")
+    report = write_report(load_cells(tmp_path), tmp_path / "analysis", margin=0.05, profile_name="partial")
     assert report.is_file()
     assert all((tmp_path / "analysis" / "figures" / f"{f}.png").is_file() for f in FIGURES)

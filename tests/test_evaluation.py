@@ -24,7 +24,6 @@ def test_pass_at_k_refuses_impossible_counts(n, c, k):
         pass_at_k(n, c, k)
 
 
-
 @pytest.fixture(scope="module")
 def checker():
     with AnswerChecker(timeout_seconds=5.0) as c:

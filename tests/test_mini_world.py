@@ -31,7 +31,8 @@ from reward_density.world.task import (
 @pytest.mark.parametrize("operations", ["+-", "+-*"])
 def test_every_gold_answer_verifies_against_its_own_clean_trace(operations):
     config = TaskConfig(operations=operations, max_digits=3, max_operands=4)
-    train, heldout = make_splits(config, 300, 50, seed=1)
+    splits = make_splits(config, {"train": 300, "heldout": 50}, seed=1)
+    train, heldout = splits["train"], splits["heldout"]
     problems = [problem_of(e, str(i)) for i, e in enumerate(train + heldout)]
     traces = [clean_trace(e) for e in train + heldout]
     with AnswerChecker() as checker:
@@ -44,14 +45,30 @@ def test_clean_trace_is_one_step_per_line_then_the_boxed_answer():
     expression = sample_expression(random.Random(0), TaskConfig(min_operands=4, max_operands=4))
     lines = clean_trace(expression).split("\n")
     assert len(lines) == 4 and lines[-1] == ANSWER_LINE.format(value=expression.answer)
-    assert [int(line.split("= ")[1]) for line in lines[:-1]] == expression.values()
+    assert [int(line.split("=")[1]) for line in lines[:-1]] == expression.values()
 
 
 def test_splits_are_disjoint_and_fixed_by_seed():
-    train, heldout = make_splits(TaskConfig(), 500, 100, seed=3)
-    assert not {e.text for e in train} & {e.text for e in heldout}
-    assert make_splits(TaskConfig(), 500, 100, seed=3) == (train, heldout)
-    assert make_splits(TaskConfig(), 500, 100, seed=4) != (train, heldout)
+    sizes = {"heldout": 100, "dev": 50, "train": 500}
+    splits = make_splits(TaskConfig(), sizes, seed=3)
+    assert {name: len(split) for name, split in splits.items()} == sizes
+    texts = [{e.text for e in split} for split in splits.values()]
+    assert not (texts[0] & texts[1]) and not (texts[0] & texts[2]) and not (texts[1] & texts[2])
+    assert make_splits(TaskConfig(), sizes, seed=3) == splits
+    assert make_splits(TaskConfig(), sizes, seed=4) != splits
+
+
+def test_long_chains_get_direct_answers_that_stop_after_two_operations():
+    config = TaskConfig(min_digits=1, max_digits=1, min_operands=4, max_operands=6, p_direct=1.0,
+                        direct_min_operands=5, p_redundant=0, p_wrong_step=0, p_ramble=0)
+    rng = random.Random(0)
+    for _ in range(200):
+        expression = sample_expression(rng, config)
+        trace = realistic_trace(rng, expression, config)
+        if len(expression.operands) >= 5:
+            assert trace == ANSWER_LINE.format(value=expression.values()[1]), "a direct answer stops after two steps"
+        else:
+            assert trace == clean_trace(expression), "short chains are worked step by step"
 
 
 def test_realism_settings_put_their_imperfections_in_the_traces():
@@ -73,7 +90,7 @@ def test_task_settings_are_validated():
     with pytest.raises(ValueError, match="p_ramble"):
         TaskConfig(p_ramble=1.5)
     with pytest.raises(ValueError, match="too few distinct problems"):
-        make_splits(TaskConfig(max_digits=1, min_operands=2, max_operands=2, operations="+"), 500, 10, seed=0)
+        make_splits(TaskConfig(max_digits=1, min_operands=2, max_operands=2, operations="+"), {"train": 500}, seed=0)
 
 
 def test_world_overrides_name_unknown_settings():
@@ -115,7 +132,10 @@ def test_a_built_world_loads_back_through_from_pretrained(world):
         assert None not in (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
     assert load_tokenizer(folder / "teacher").get_vocab() == student_tok.get_vocab(), "teacher shares the vocabulary"
     assert student_tok.get_vocab() != prm_tok.get_vocab(), "the PRM has its own tokenizer, as Math-Shepherd's"
-    assert len(read_problems(folder / "problems" / "heldout.jsonl")) == world_config("smoke").n_heldout
+    for split, size in world_config("smoke").splits.items():
+        assert len(read_problems(folder / "problems" / f"{split}.jsonl")) == size
+        control = read_problems(folder / "control" / f"{split}.jsonl")
+        assert len(control) == size and all(p.solution for p in control), "the SFT control learns from solutions"
 
 
 @pytest.fixture(scope="module")
@@ -189,4 +209,5 @@ def test_a_student_that_misses_its_target_stops_the_build_and_keeps_what_was_bui
     config = world_config("smoke", student_target=0.9, student_tolerance=0.05)
     with pytest.raises(WorldBuildError, match="not within 0.05 of its target 0.9"):
         build_world(config, tmp_path, log=lambda line: None)
-    assert set(json.loads((tmp_path / "manifest.json").read_text())["components"]) == {"problems", "tokenizer"}
+    built = set(json.loads((tmp_path / "manifest.json").read_text())["components"])
+    assert built == {"problems", "tokenizer", "teacher"}, "the teacher, built beside the student, is kept"

@@ -26,7 +26,6 @@ def paper_profile_on(world: dict[str, str], folder) -> dict:
     data["world"] = world
     data["data"]["problem_subsets"] = list(MATH_SUBJECTS)
     data["cell"].update(SHRUNK)
-    data["analysis"]["bootstrap_samples"] = 100
     (folder / "params").mkdir(exist_ok=True)
     (folder / "params" / "paper.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     return data

@@ -54,7 +54,7 @@ def error_of(tmp_path: Path, data) -> str:
     return message
 
 
-@pytest.mark.parametrize("name, cells", [("mini", 54), ("smoke", 9), ("paper", 54)])
+@pytest.mark.parametrize("name, cells", [("mini", 96), ("mini_sweep", 192), ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
     profile = load_profile(find_profile(name))
     assert profile.name == name
@@ -63,15 +63,14 @@ def test_shipped_profiles_load(name, cells):
 
 
 def test_mini_order_and_names():
-    cells = load_profile(find_profile("mini")).cells()
-    assert [c.name for c in cells[:7]] == [
-        "outcome-r1-s0", "outcome-r1-s1", "outcome-r1-s2", "outcome-r2-s0", "outcome-r2-s1", "outcome-r2-s2",
-        "outcome-r4-s0",
-    ]
-    assert [c.name for c in cells[15:18]] == ["outcome-rfull-s0", "outcome-rfull-s1", "outcome-rfull-s2"]
-    assert cells[18].name == "process-r1-s0" and cells[-1].name == "distillation-rfull-s2"
-    assert {c.learning_rate for c in cells if c.rank is None} == {1.0e-4}
-    assert {c.learning_rate for c in cells if c.rank is not None} == {3.0e-4}
+    profile = load_profile(find_profile("mini"))
+    cells = profile.cells()
+    seeds = len(profile.matrix.seeds)
+    assert [c.name for c in cells[:seeds + 1]] == [f"outcome-r1-s{s}" for s in range(seeds)] + ["outcome-r2-s0"]
+    assert cells[5 * seeds].name == "outcome-rfull-s0" and cells[6 * seeds].name == "process-r1-s0"
+    assert cells[-1].name == f"sft-rfull-s{seeds - 1}"
+    for cell in cells:
+        assert cell.learning_rate == profile.matrix.learning_rate_of(cell.regime, cell.rank)
 
 
 def test_ranks_sorted_ascending_then_full(tmp_path):
@@ -97,7 +96,7 @@ def test_cell_config_merges_profile_arm_and_root(tmp_path):
 def test_a_setting_left_out_takes_the_arm_rate_and_the_profile_value():
     smoke = load_profile(find_profile("smoke"))
     full, lora = (cell_config(smoke, "outcome", rank, 0) for rank in ("full", 1))
-    assert (full.learning_rate, lora.learning_rate) == (smoke.matrix.learning_rate["full"], smoke.matrix.learning_rate["lora"])
+    assert (full.learning_rate, lora.learning_rate) == (smoke.matrix.learning_rate_of("outcome", None), smoke.matrix.learning_rate_of("outcome", 1))
     assert full.steps == smoke.cell["steps"] and full.max_new_tokens == smoke.cell["max_new_tokens"]
     assert cell_config(smoke, "outcome", "full", 0, steps=7, learning_rate=0.5).steps == 7
 
@@ -150,7 +149,7 @@ def test_world_entry_rule(tmp_path):
         ({"extra": 1}, "extra: unknown key", "allowed keys in the profile: profile, world"),
         ({"matrix__rank": [1]}, "matrix.rank: unknown key", "regimes, ranks, full_ft, seeds, learning_rate"),
         ({"cell__lr": 0.1}, "cell.lr: unknown key", "allowed keys in cell: steps"),
-        ({"world__tokenizer": "x"}, "world.tokenizer: unknown key", "student, teacher, prm, problems, heldout"),
+        ({"world__tokenizer": "x"}, "world.tokenizer: unknown key", "student, teacher, prm, problems, control, heldout"),
         ({"analysis": None}, "analysis: missing key", "required in the profile"),
         ({"matrix__ranks": [1, 0]}, "matrix.ranks[1] = 0", "a positive integer"),
         ({"matrix__ranks": [-2]}, "matrix.ranks[0] = -2", "a positive integer"),
@@ -213,3 +212,22 @@ def test_unknown_profile_lists_known(tmp_path):
     with pytest.raises(ProfileError, match="no such profile file.*profiles in .*: tiny"):
         find_profile("nope", tmp_path)
     assert find_profile("tiny", tmp_path) == tmp_path / "params" / "tiny.yaml"
+
+
+def test_learning_rates_may_differ_per_regime(tmp_path):
+    rates = {"outcome": {"lora": 1e-3, "full": 1e-4}, "process": {"lora": 2e-3, "full": 2e-4},
+             "distillation": {"lora": 3e-3, "full": 3e-4}, "sft": {"lora": 4e-3, "full": 4e-4}}
+    profile = load_profile(write_profile(tmp_path, tiny(matrix__learning_rate=rates)))
+    assert profile.matrix.learning_rate_of("process", None) == 2e-4
+    assert {(c.regime, c.rank is None, c.learning_rate) for c in profile.cells()} == {
+        (regime, arm == "full", rate) for regime, arms in rates.items() for arm, rate in arms.items()}
+    message = error_of(tmp_path, tiny(matrix__learning_rate={"outcome": rates["outcome"]}))
+    assert "matrix.learning_rate.process: missing key" in message
+
+
+def test_a_learning_rate_sweep_is_a_matrix_axis_with_tagged_cell_names(tmp_path):
+    profile = load_profile(write_profile(tmp_path, tiny(matrix__learning_rate={"lora": [1e-3, 3e-3], "full": 1e-4},
+                                                        matrix__regimes=["outcome"], matrix__ranks=[1])))
+    assert [c.name for c in profile.cells()] == ["outcome-r1-lr0.001-s0", "outcome-r1-lr0.003-s0", "outcome-rfull-lr0.0001-s0"]
+    with pytest.raises(ValueError, match="sweeps 2 learning rates"):
+        profile.matrix.learning_rate_of("outcome", 1)

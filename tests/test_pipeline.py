@@ -70,4 +70,4 @@ def test_the_analysis_of_the_smoke_study_writes_its_tables_and_report(root):
     history = pd.read_csv(cell / "history.csv")
     assert list(history["step"]) == list(range(1, SMOKE.cell["steps"] + 1))
     assert "process/steps_mean" in history.columns
-    assert (cell / "cell.ipynb").is_file()
+    assert (outputs / "groups" / "process-s0" / "cell.ipynb").is_file(), "the smoke profile trains its arms stacked"

@@ -38,6 +38,7 @@ def root(tmp_path, monkeypatch, tiny_model_dir) -> Path:
     for name in ("student", "teacher", "prm"):
         shutil.copytree(tiny_model_dir, world / name)
     data["matrix"].update(regimes=["outcome", "process"], ranks=[1], seeds=[0])
+    data["cell"]["engine"] = "peft"  # one cell per job; test_stacked_arms_run_as_one_job covers the other engine
     (tmp_path / "params").mkdir()
     (tmp_path / "params" / "tiny.yaml").write_text(yaml.safe_dump(data))
     (tmp_path / "notebooks").mkdir()
@@ -80,8 +81,9 @@ def test_parallel_cells_run_then_skip(root, monkeypatch):
     spans = [read_json(folder / "summary.json") for folder in (lora, full)]
     assert max(s["started"] for s in spans) < min(s["ended"] for s in spans), "the two cells did not overlap"
     params = read_json(full / "params.json")
-    assert params["rank"] == "full" and params["learning_rate"] == 3.0e-5 and params["steps"] == 2
-    assert params["out_dir"] == str(full) and params["cwd"] == str(root)
+    assert params["rank"] == "full" and params["steps"] == 2
+    assert params["cells_dir"] == str(full.parent) and params["cwd"] == str(root)
+    assert params["base_answers"] == str(root / "outputs/tiny/baseline")
     assert params["student"] == str(root / "outputs/smoke/world/student")
     assert params["omp_num_threads"] == str(max(1, cpu_count() // 2))
     assert sorted(p.name for p in full.iterdir()) == ["cell.ipynb", "params.json", "run.log", "summary.json"]
@@ -89,6 +91,21 @@ def test_parallel_cells_run_then_skip(root, monkeypatch):
     rerun = run_matrix(profile_of(root), root, TRAIN, cells_filter="outcome-*", jobs=2)
     assert rerun.ok and rerun.finished == [] and rerun.skipped == ["outcome-r1-s0", "outcome-rfull-s0"]
     assert {folder: (folder / "summary.json").stat().st_mtime_ns for folder in (lora, full)} == mtimes
+
+
+def test_stacked_arms_run_as_one_job_whose_notebook_and_log_are_the_groups(root, monkeypatch):
+    path = root / "params" / "tiny.yaml"
+    path.write_text(path.read_text().replace("engine: peft", "engine: stacked"))
+    (cell_dir(root, "outcome-rfull-s0") / "summary.json").parent.mkdir(parents=True)
+    (cell_dir(root, "outcome-rfull-s0") / "summary.json").write_text("{}")  # finished before: not rerun
+    report = run_matrix(profile_of(root), root, TRAIN, jobs=2)
+    assert report.ok and sorted(report.finished) == ["outcome-r1-s0", "process-r1-s0", "process-rfull-s0"]
+    assert report.skipped == ["outcome-rfull-s0"]
+    process = read_json(cell_dir(root, "process-r1-s0") / "params.json")
+    assert process["arms"] == [1, "full"], "a regime and seed's unfinished arms train in one notebook run"
+    assert read_json(cell_dir(root, "outcome-r1-s0") / "params.json")["arms"] == [1]
+    group = root / "outputs" / "tiny" / "groups" / "process-s0"
+    assert {"cell.ipynb", "run.log"} <= {p.name for p in group.iterdir()}
 
 
 def test_each_concurrent_cell_gets_its_own_gpus(root, monkeypatch):
@@ -133,10 +150,10 @@ def test_run_stage_failure_names_notebook_and_error(root, monkeypatch):
     monkeypatch.setenv("FAKE_FAIL", "*")
     output = root / "stage" / "out.ipynb"
     with pytest.raises(NotebookFailed) as caught:
-        run_stage(root / TRAIN, output, {"out_dir": str(root / "stage")}, root)
+        run_stage(root / TRAIN, output, {"cells_dir": str(root / "stage")}, root)
     message = str(caught.value)
     assert "train_cell.py" in message and str(output) in message and "RuntimeError: fake failure" in message
-    assert output.is_file() and sorted(p.name for p in output.parent.iterdir()) == ["out.ipynb", "params.json"]
+    assert output.is_file() and sorted(p.name for p in output.parent.iterdir()) == ["out.ipynb", "outcome-r1-s0"]
 
 
 def test_cli_bad_profile_exits_2_before_any_work(root, capsys):
@@ -157,7 +174,7 @@ def test_cli_analysis_stage(root, capsys):
     outputs = root / "outputs" / "tiny"
     report = read_json(outputs / "report.md")
     assert report == {"profile": "tiny", "outputs_dir": str(outputs), "equivalence_margin": 0.05,
-                      "bootstrap_samples": 200, "confidence": 0.95, "finished": []}
+                      "confidence": 0.95, "finished": []}
     assert str(outputs / "report.md") in capsys.readouterr().err
 
 

@@ -4,6 +4,7 @@ import torch
 
 from reward_density.data.problems import Problem
 from reward_density.grpo.logprobs import completion_logprobs
+from reward_density.grpo import sampler
 from reward_density.grpo.sampler import SamplingConfig, _pick, sample_rollout
 from reward_density.tools.stand_ins import build_qwen3
 
@@ -105,8 +106,48 @@ def test_draws_follow_the_tempered_top_p_distribution():
     probs = torch.softmax(logits / config.temperature, dim=-1)
     kept = (probs.cumsum(-1) - probs) <= config.top_p  # sorted already: the smallest prefix reaching top_p
     expected = torch.where(kept, probs, 0.0) / probs[kept].sum()
-    tokens, logps = _pick(logits.expand(40_000, -1), config, torch.Generator().manual_seed(0))
+    tokens, logps = _pick(logits.expand(40_000, -1), config, torch.rand(40_000, 1, generator=torch.Generator().manual_seed(0)))
     observed = torch.bincount(tokens, minlength=5).float() / len(tokens)
     assert observed[~kept].sum() == 0, f"a token outside the top-p set was drawn: {observed}"
     torch.testing.assert_close(observed, expected, atol=0.01, rtol=0, msg=f"draw frequencies {observed} vs {expected}")
     torch.testing.assert_close(logps, torch.log(probs)[tokens], msg="log-probs are taken under the full tempered distribution")
+
+
+class ScriptedDecoder:
+    """Logits that depend only on a row's own index and step: row r favours EOS from step r % 5 + 1 on."""
+
+    def __init__(self, rows: int, vocab: int, eos: int):
+        self.rows, self.vocab, self.eos, self.step = torch.arange(rows), vocab, eos, 0
+
+    def logits(self) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.step)
+        table = torch.randn(len(self.rows.unique()) + 64, self.vocab, generator=generator)[self.rows]
+        table[:, self.eos] += torch.where(self.step >= self.rows % 5 + 1, 10.0, -10.0)
+        return table
+
+    def prefill(self, input_ids, attention_mask, position_ids):
+        return self.logits()
+
+    def extend(self, tokens, position_ids, attend):
+        self.step += 1
+        return self.logits()
+
+    def keep_rows(self, rows):
+        self.rows = self.rows[rows]
+
+
+def test_finished_rows_leaving_the_batch_change_no_draw(tiny_tokenizer, monkeypatch):
+    """Compaction (finished rows leave the decoding batch) is bookkeeping: every row draws what it would have."""
+    model = build_qwen3(len(tiny_tokenizer), seed=3)
+    problems = [Problem(str(i), f"Problem: {i} + {i} = ?\n", str(2 * i)) for i in range(6)]
+    config = SamplingConfig(16, temperature=1.0, top_p=0.9)
+    monkeypatch.setattr(sampler, "make_decoder", lambda model, rows, length: ScriptedDecoder(
+        rows, len(tiny_tokenizer), tiny_tokenizer.eos_token_id))
+    real, compactions = sampler._rows_to_keep, []
+    monkeypatch.setattr(sampler, "_rows_to_keep", lambda *args: compactions.append(real(*args)) or compactions[-1])
+    compacted = sample_rollout(model, tiny_tokenizer, problems, 4, config, seed=9)
+    assert sum(keep is not None for keep in compactions) >= 2, "rows must leave the batch for the test to test"
+    monkeypatch.setattr(sampler, "_rows_to_keep", lambda *args: None)
+    whole = sample_rollout(model, tiny_tokenizer, problems, 4, config, seed=9)
+    assert torch.equal(compacted.completion_ids, whole.completion_ids)
+    torch.testing.assert_close(compacted.sampler_logps, whole.sampler_logps)

@@ -14,7 +14,7 @@ import yaml
 from reward_density.experiment import cell_folder
 from reward_density.experiment.profiles import REPO_ROOT, load_profile
 from reward_density.run.cli import main
-from reward_density.run.matrix import cell_spec
+from reward_density.run.matrix import Job, job_spec
 from reward_density.run.notebooks import FAILURE_PREFIX
 from reward_density.run.slurm import make_executor, submit_matrix, submitit_dir
 
@@ -25,15 +25,22 @@ FINISHED_CELL_FILES = {"params.json", "history.csv", "evals.csv", "answers.csv",
 LOCAL_SETTINGS = {"timeout_min": 10, "slurm_partition": "ignored-locally", "slurm_array_parallelism": 4}
 
 PARAMETERS_CELL = '''# %% tags=["parameters"]
-out_dir = ""
+cells_dir = ""
 regime = ""
+rank = 1
+seed = 0
+
+# %%
+import pathlib
+
+folders = [pathlib.Path(cells_dir, f"{regime}-r{r}-s{seed}") for r in (rank if isinstance(rank, list) else [rank])]
 '''
 SUMMARY_NOTEBOOK = PARAMETERS_CELL + '''
 # %%
 import json
-import pathlib
 
-pathlib.Path(out_dir, "summary.json").write_text(json.dumps({"regime": regime}))
+for folder in folders:
+    (folder / "summary.json").write_text(json.dumps({"regime": regime}))
 '''
 FAILING_NOTEBOOK = PARAMETERS_CELL + '''
 # %%
@@ -44,10 +51,9 @@ print("finished without a summary")
 SLOW_NOTEBOOK = PARAMETERS_CELL + '''
 # %%
 import os
-import pathlib
 import time
 
-pathlib.Path(out_dir, "kernel.pid").write_text(str(os.getpid()))
+(folders[0] / "kernel.pid").write_text(str(os.getpid()))
 time.sleep(300)
 '''
 
@@ -95,7 +101,8 @@ def test_cells_submitted_through_the_local_executor_finish_with_the_runners_para
         assert not missing, f"{name} is reported finished but misses {missing}"
         cell = next(cell for cell in SMOKE.cells() if cell.name == name)
         recorded = json.loads((folder / "params.json").read_text())
-        expected = cell_spec(cell, SMOKE, root, root / "notebooks/train_cell.py")["parameters"] | {"profile": "smoke"}
+        expected = job_spec(Job((cell,)), SMOKE, root, root / "notebooks/train_cell.py")["parameters"]
+        expected = {k: v for k, v in expected.items() if k not in ("profile", "cells_dir", "base_answers")}
         differing = {key: (recorded.get(key), value) for key, value in expected.items() if recorded.get(key) != value}
         assert not differing, f"{name} ran with other parameters than the local runner gives: {differing}"
         log = (folder / "run.log").read_text()

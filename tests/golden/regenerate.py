@@ -8,14 +8,14 @@ the cells write under outputs/golden/ (git-ignored).
 """
 from pathlib import Path
 
-from reward_density.experiment.config import cell_name
 from reward_density.experiment.profiles import REPO_ROOT
 from reward_density.run.notebooks import execute_notebook
 from reward_density.world.build import build_world, world_config
 
 HERE = Path(__file__).resolve().parent
 WORLD = "outputs/smoke/world"
-GOLDEN_CELLS = ("outcome", 1), ("process", 2), ("distillation", "full")
+# Two arms side by side (the stacked engine), single arms, and the SFT control.
+GOLDEN_CELLS = ("outcome", [1, "full"]), ("process", 2), ("distillation", "full"), ("sft", [1, 2])
 
 
 def goldens() -> list[tuple[str, str, dict]]:
@@ -23,15 +23,19 @@ def goldens() -> list[tuple[str, str, dict]]:
     runs = [("01_build_world.ipynb", "build_world.py", {"size": "smoke", "out_dir": WORLD}),
             ("02_capability_baseline.ipynb", "capability_baseline.py",
              {**{k: f"{WORLD}/{k}" for k in ("student", "teacher", "problems")}, "out_dir": "outputs/golden/baseline",
-              "ks": [1, 2, 4], "max_new_tokens": 16})]
+              "ks": [1, 2, 4], "max_new_tokens": 16, "profile": "smoke"})]
     # A training cell is picked by profile and arm; the smoke profile gives the rest (and the world's paths).
-    runs += [(f"{3 + i:02d}_train_{regime}_r{rank}.ipynb", "train_cell.py",
-              {"profile": "smoke", "regime": regime, "rank": rank, "seed": 0,
-               "out_dir": f"outputs/golden/cells/{cell_name(regime, None if rank == 'full' else rank, 0)}"})
+    runs += [(f"{3 + i:02d}_train_{regime}_{_label(rank)}.ipynb", "train_cell.py",
+              {"profile": "smoke", "regime": regime, "rank": rank, "seed": 0, "cells_dir": "outputs/golden/cells"})
              for i, (regime, rank) in enumerate(GOLDEN_CELLS)]
-    runs.append(("06_analysis.ipynb", "analysis.py",
-                 {"profile": "smoke", "outputs_dir": "outputs/golden", "bootstrap_samples": 200}))
+    runs.append((f"{3 + len(GOLDEN_CELLS):02d}_analysis.ipynb", "analysis.py",
+                 {"profile": "smoke", "outputs_dir": "outputs/golden"}))
     return runs
+
+
+def _label(rank) -> str:
+    """r1, rfull, or r1-rfull for arms trained side by side."""
+    return "-".join(f"r{r}" for r in (rank if isinstance(rank, list) else [rank]))
 
 
 if __name__ == "__main__":

@@ -25,9 +25,11 @@ class Cells:
     params: dict[str, dict]
     unfinished: tuple[str, ...]
 
+
 def arm_name(rank: int | None) -> str:
     """Arm label: "r<rank>" for LoRA, "full" for FullFT."""
     return FULL if rank is None or pd.isna(rank) else f"r{int(rank)}"
+
 
 def load_cells(outputs_dir: str | Path) -> Cells:
     """Read every finished cell (one with its summary) under <outputs_dir>/cells; skip the rest."""
@@ -57,10 +59,12 @@ def load_cells(outputs_dir: str | Path) -> Cells:
         unfinished=tuple(p.name for p in folders if p not in finished),
     )
 
+
 def _cell_keys(name: str, summary: dict) -> dict:
     """The key columns of one cell, taken from its summary."""
     rank = summary.get("rank")
     return {"cell": name, "regime": summary["regime"], "rank": rank, "arm": arm_name(rank), "seed": summary["seed"]}
+
 
 def _read_csv(path: Path, keys: dict) -> pd.DataFrame:
     """One cell's CSV with its key columns first (problem ids kept as text: "007" is not 7)."""
@@ -69,13 +73,16 @@ def _read_csv(path: Path, keys: dict) -> pd.DataFrame:
         frame.insert(i, column, [value] * len(frame))
     return frame
 
+
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """Concatenate cells' frames (columns may differ between regimes) with typed keys."""
     return _with_key_types(pd.concat(frames, ignore_index=True, sort=False))
 
+
 def _with_key_types(frame: pd.DataFrame) -> pd.DataFrame:
     """Rank as nullable Int64, seed as int."""
     return frame.astype({"rank": "Int64", "seed": int})
+
 
 def _as_int(value) -> int:
     """0/1 from a bool, a number or a "True"/"False" string."""
@@ -83,14 +90,17 @@ def _as_int(value) -> int:
         return int(value.strip().lower() in ("true", "1", "1.0"))
     return int(bool(value))
 
+
 def regimes(cells: Cells) -> list[str]:
     """Regimes present, in the design's order, unknown ones after."""
     present = set(cells.summaries["regime"])
     return [r for r in REGIME_ORDER if r in present] + sorted(present - set(REGIME_ORDER))
 
+
 def ranks(cells: Cells) -> list[int]:
     """LoRA ranks present, ascending."""
     return sorted(int(r) for r in cells.summaries["rank"].dropna().unique())
+
 
 def arms(cells: Cells) -> list[str]:
     """Arms present: ranks ascending, then full."""

@@ -25,10 +25,12 @@ def _arm_colors(cells: Cells) -> dict[str, tuple]:
     colors = {a: plt.cm.viridis(x) for a, x in zip(lora, np.linspace(0.1, 0.85, max(len(lora), 1)))}
     return {**colors, "full": (0, 0, 0, 1)}
 
+
 def _panels(n: int, **kwargs) -> tuple[Figure, np.ndarray]:
     """A row of n panels."""
     fig, axes = plt.subplots(1, n, figsize=(4.5 * n, 3.6), squeeze=False, **kwargs)
     return fig, axes[0]
+
 
 def _save(fig: Figure, path: str | Path) -> Figure:
     """Save a figure as PNG (creating its folder) and close it so figures do not pile up."""
@@ -39,10 +41,12 @@ def _save(fig: Figure, path: str | Path) -> Figure:
     plt.close(fig)
     return fig
 
+
 def _empty(ax, message: str) -> None:
     """Mark a panel whose data is missing."""
     ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
     ax.set_axis_off()
+
 
 def plot_pass1_vs_rank(cells: Cells, path: str | Path) -> Figure:
     """Per regime: final pass@1 (mean ± sd) vs LoRA rank, FullFT mean ± sd band, base dashed."""
@@ -65,6 +69,7 @@ def plot_pass1_vs_rank(cells: Cells, path: str | Path) -> Figure:
         ax.legend(fontsize=7)
     return _save(fig, path)
 
+
 def _rank_axis(ax, ranks_: list[int]) -> None:
     """A log2 x axis ticked at the ranks that ran (log scale needs at least one rank)."""
     if ranks_:
@@ -76,6 +81,7 @@ def _rank_axis(ax, ranks_: list[int]) -> None:
         ax.set_xticks([])
         ax.text(0.5, 0.5, "no LoRA cells", ha="center", transform=ax.transAxes)
 
+
 def _hline(ax, row: pd.DataFrame, color: str, style: str, label: str, band: bool) -> None:
     """A horizontal reference line at a mean, with a ±1 sd band if asked and available."""
     if row.empty:
@@ -84,6 +90,7 @@ def _hline(ax, row: pd.DataFrame, color: str, style: str, label: str, band: bool
     ax.axhline(mean, color=color, linestyle=style, label=label)
     if band and np.isfinite(sd):
         ax.axhspan(mean - sd, mean + sd, color=color, alpha=0.12)
+
 
 def plot_peak_advantage_std(cells: Cells, path: str | Path) -> Figure:
     """Bar per regime: mean over cells of the peak advantage std, each cell as a dot."""
@@ -100,9 +107,11 @@ def plot_peak_advantage_std(cells: Cells, path: str | Path) -> Figure:
     ax.set(ylabel="peak advantage std (per cell)", title="Peak advantage std by regime")
     return _save(fig, path)
 
+
 def _mean_over_seeds(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     """Per arm and step, the mean of a column over seeds."""
     return frame.groupby(["arm", "step"], sort=False)[column].mean().reset_index()
+
 
 def _arm_lines(ax, frame: pd.DataFrame, column: str, colors: dict, arm_order: list[str], style: str) -> None:
     """One line per arm (mean over seeds) of column vs step."""
@@ -111,6 +120,7 @@ def _arm_lines(ax, frame: pd.DataFrame, column: str, colors: dict, arm_order: li
         line = means[means["arm"] == arm].sort_values("step")
         if not line.empty:
             ax.plot(line["step"], line[column], style, color=colors[arm], label=arm)
+
 
 def plot_process_collapse(cells: Cells, path: str | Path) -> Figure:
     """Process regime: eval pass@1 (top) and rollout frac_truncated (bottom) vs step, one line per arm."""
@@ -132,6 +142,7 @@ def plot_process_collapse(cells: Cells, path: str | Path) -> Figure:
         _empty(axes[1], "no frac_truncated in history")
     return _save(fig, path)
 
+
 def plot_pass1_over_training(cells: Cells, path: str | Path) -> Figure:
     """Per regime: eval pass@1 vs step, one line per arm (mean over seeds), the base as a dashed anchor."""
     fig, axes = _panels(len(regimes(cells)), sharey=True)
@@ -145,6 +156,7 @@ def plot_pass1_over_training(cells: Cells, path: str | Path) -> Figure:
         ax.set(title=regime, xlabel="step", ylabel="greedy pass@1")
         ax.legend(fontsize=7, ncol=2)
     return _save(fig, path)
+
 
 FIGURES: dict[str, Callable[[Cells, str | Path], Figure]] = {
     "pass1_vs_rank": plot_pass1_vs_rank,

@@ -4,9 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..experiment.config import parse_cell_name
+from .dynamics import collapse_table, plateau_table
 from .load import Cells, arm_name, arms, ranks
 from .plots import FIGURES
-from .tables import accuracy_table, equivalence_table, gain_table
+from .tables import accuracy_table, equivalence_table, gain_table, power_markdown
 
 
 def matrix_counts(cells: Cells) -> dict[str, int]:
@@ -20,6 +21,7 @@ def matrix_counts(cells: Cells) -> dict[str, int]:
         "regimes": len(regimes_), "arms": len(arms_), "seeds": len(seeds_),
         "matrix": len(regimes_) * len(arms_) * len(seeds_),
     }
+
 
 def _hidden_sizes(cells: Cells) -> set[int]:
     """Every hidden_size value found (at any depth) in the cells' params."""
@@ -36,6 +38,7 @@ def _hidden_sizes(cells: Cells) -> set[int]:
         walk(params)
     return found
 
+
 def _ranks_sentence(cells: Cells) -> str:
     """Which ranks ran, and each as a fraction of the hidden size when params carry it."""
     ran = ranks(cells)
@@ -47,23 +50,27 @@ def _ranks_sentence(cells: Cells) -> str:
         sentence += f" Student hidden size d = {d}: " + ", ".join(f"r{r} = d/{d / r:g}" for r in ran) + "."
     return sentence
 
-def write_report(
-    cells: Cells, out_dir: str | Path, margin: float, confidence: float = 0.95, n_boot: int = 2000,
-    profile_name: str = "", seed: int = 0,
-) -> Path:
-    """Write accuracy/equivalence tables, figures and report.md under out_dir; return report.md's path."""
+
+INTERVAL = ("two-way random-effects interval over seeds and problems (crossed): Student's t with Satterthwaite's "
+            "degrees of freedom, which widens with few seeds (statistics.py)")
+
+
+def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: float = 0.95,
+                 profile_name: str = "") -> Path:
+    """Write the tables (CSV and markdown), the figures and report.md under out_dir; return report.md's path."""
     out = Path(out_dir)
     (out / "figures").mkdir(parents=True, exist_ok=True)
-    accuracy = accuracy_table(cells)
-    equivalence = equivalence_table(cells, margin, confidence, n_boot, seed)
-    gain = gain_table(cells, confidence, n_boot, seed)
-    accuracy.frame.to_csv(out / "accuracy.csv", index=False)
-    gain.frame.to_csv(out / "gain.csv", index=False)
+    accuracy, gain = accuracy_table(cells), gain_table(cells, confidence)
+    equivalence = equivalence_table(cells, margin, confidence)
+    plateau, collapse = plateau_table(cells), collapse_table(cells)
+    for name, table in (("accuracy", accuracy), ("gain", gain), ("equivalence", equivalence), ("plateau", plateau),
+                        ("collapse", collapse)):
+        table.frame.to_csv(out / f"{name}.csv", index=False)
     (out / "accuracy.md").write_text(accuracy.markdown)
-    equivalence.frame.to_csv(out / "equivalence.csv", index=False)
     for name, plot in FIGURES.items():
         plot(cells, out / "figures" / f"{name}.png")
     counts = matrix_counts(cells)
+    tost_level = 1 - 2 * (1 - confidence)
     text = "\n".join([
         f"# Reward density vs LoRA rank: analysis ({profile_name or 'unnamed profile'})",
         "",
@@ -74,23 +81,43 @@ def write_report(
         "## Greedy pass@1 (mean ± sd over seeds)",
         "",
         "Columns are arms; `base` is the model before training (step-0 evaluation). "
-        "Process is shown at its peak over evaluations after step 0 and at the end of training.",
+        "Process is shown at its peak over evaluations after step 0 and at the end of training. "
+        "`sft` is the positive control: supervised steps on a skill the base lacks, evaluated on that skill.",
         "",
         accuracy.markdown,
-        "## Did RL move pass@1? Final minus base",
+        "## Did training move pass@1? Final minus base",
         "",
         f"Each cell's final answers minus its own step-0 answers, paired over seeds and held-out problems; "
-        f"two-way bootstrap ({n_boot} replicates), {confidence:.0%} percentile CI; * where the CI excludes 0.",
+        f"{confidence:.0%} {INTERVAL}; * where the interval excludes 0.",
         "",
         gain.markdown,
         "## Equivalence of LoRA and FullFT",
         "",
-        f"Paired over seeds and held-out problems at each cell's final evaluation; two-way bootstrap over seeds "
-        f"and problems ({n_boot} replicates), {confidence:.0%} percentile CI; TOST at margin ±{margin:g} "
-        f"(equivalent when the {1 - 2 * (1 - confidence):.0%} CI lies inside the margin; different when the "
-        f"{confidence:.0%} CI excludes 0; otherwise inconclusive).",
+        f"LoRA minus FullFT, paired over seeds and held-out problems at each cell's final evaluation; {confidence:.0%} "
+        f"{INTERVAL}. TOST at margin ±{margin:g}: equivalent when the {tost_level:.0%} interval lies inside the margin; "
+        f"different when the {confidence:.0%} interval excludes 0; otherwise inconclusive.",
         "",
         equivalence.markdown,
+        "## Power",
+        "",
+        f"How precisely each comparison was measured: its standard error and degrees of freedom, the half-width of "
+        f"the {tost_level:.0%} interval TOST reads (a verdict at ±{margin:g} needs it well below {margin:g}), and the "
+        "minimum detectable difference: the smallest true LoRA − FullFT gap a two-sided 5% test finds with 80% power.",
+        "",
+        power_markdown(equivalence.frame),
+        "## Plateau",
+        "",
+        "Whether each arm stopped learning before its last step: the share of its total gain (mean over seeds) made "
+        "in the last 25% of its steps.",
+        "",
+        plateau.markdown,
+        "## Collapse",
+        "",
+        "Per regime, the mean step (over its cells) of the peak advantage std and of the peak completion length, "
+        "and the first evaluation after the pass@1 peak where pass@1 (mean over cells) falls below the base. "
+        "The paper's process regime: advantage std peak at step 28, length saturation at 70, collapse at 79.",
+        "",
+        collapse.markdown,
         "## Figures",
         "",
         *[f"![{name}](figures/{name}.png)" for name in FIGURES],

@@ -1,38 +1,50 @@
-"""Paired comparisons of two arms on the held-out set: bootstrap CI of LoRA minus FullFT, and TOST.
+"""Paired comparisons of two arms on the held-out set: an interval for their difference, TOST, power.
 
-Each arm is a table of greedy results with columns ``seed``, ``problem_id`` and ``correct``. Seed s of
-LoRA is paired with seed s of FullFT on each problem, giving a seeds x problems matrix of differences
-D[s, p] = correct_lora - correct_full; the statistic is its mean.
+Each arm is a table of greedy results with columns ``seed``, ``problem_id`` and ``correct``. Seed s of one
+arm is paired with seed s of the other on each problem, giving a seeds x problems matrix of differences
+D[s, p]; the statistic is its mean.
 
-Bootstrap scheme: seeds and problems are *crossed* factors (every seed answers every problem), and the
-conclusion should generalise over both new training runs and new problems. Each replicate therefore
-resamples problems with replacement (a problem is a cluster: all of its seeds move together) and,
-independently, seeds with replacement (a seed is a cluster: all of its problems move together); this
-is the two-way "pigeonhole" bootstrap of Owen (2007, Ann. Appl. Stat. 1(2)). Its variance estimate is
-mildly conservative (it counts the seed x problem interaction twice), the safe side for both an
-equivalence claim and a difference claim. With one seed it is the ordinary cluster bootstrap over
-problems. The CI is the percentile interval of the replicate means.
+Seeds and problems are crossed random factors: the conclusion should hold for new training runs and for
+new problems. The interval comes from the two-way random-effects model D[s, p] = theta + a_s + b_p + e_sp
+(Searle, Casella & McCulloch, *Variance Components*, 1992, ch. 4): the variance of the grand mean is
+sigma_a^2 / S + sigma_b^2 / P + sigma_e^2 / (S P), estimated without bias from the ANOVA mean squares as
+(MS_seed + MS_problem - MS_residual) / (S P), with Satterthwaite's degrees of freedom (Satterthwaite, 1946),
+and the interval uses Student's t at those degrees of freedom. With few seeds the seed mean square has
+S - 1 degrees of freedom and the interval widens accordingly; a percentile bootstrap over seeds cannot,
+and covers the truth far less often than it claims when training runs differ (`simulate_coverage`;
+tests/test_statistics.py measures both).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 
 @dataclass(frozen=True)
 class PairedDiff:
-    """LoRA-minus-FullFT mean difference with its percentile bootstrap CI and replicates."""
+    """The mean difference of two arms with its standard error, degrees of freedom and confidence interval."""
 
     estimate: float
+    se: float
+    df: float
     ci_low: float
     ci_high: float
     confidence: float
     n_pairs: int
     n_seeds: int
     n_problems: int
-    replicates: np.ndarray = field(repr=False)
+
+    def interval(self, confidence: float) -> tuple[float, float]:
+        """The two-sided interval at another confidence level, from the same standard error."""
+        half = float(stats.t.ppf(0.5 + confidence / 2, self.df)) * self.se
+        return self.estimate - half, self.estimate + half
+
+    @property
+    def half_width(self) -> float:
+        return (self.ci_high - self.ci_low) / 2
 
 
 @dataclass(frozen=True)
@@ -47,20 +59,20 @@ class Tost:
     verdict: str
 
 
-def paired_differences(lora: pd.DataFrame, full: pd.DataFrame) -> pd.DataFrame:
-    """Seeds x problems matrix of correct_lora - correct_full over seeds and problems both arms share."""
-    wide = {name: _by_seed_and_problem(arm, name) for name, arm in (("lora", lora), ("full", full))}
-    seeds = wide["lora"].index.intersection(wide["full"].index).sort_values()
+def paired_differences(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Seeds x problems matrix of correct_a - correct_b over the seeds and problems both arms share."""
+    wide = {name: _by_seed_and_problem(arm, name) for name, arm in (("first", a), ("second", b))}
+    seeds = wide["first"].index.intersection(wide["second"].index).sort_values()
     if seeds.empty:
         raise ValueError("the two arms share no seed: nothing can be paired")
-    lora_w, full_w = (wide[name].loc[seeds] for name in ("lora", "full"))
+    first, second = (wide[name].loc[seeds] for name in ("first", "second"))
     # A problem is paired only if every shared seed answered it in both arms.
-    problems = lora_w.columns.intersection(full_w.columns)
-    problems = problems[lora_w[problems].notna().all().to_numpy() & full_w[problems].notna().all().to_numpy()]
+    problems = first.columns.intersection(second.columns)
+    problems = problems[first[problems].notna().all().to_numpy() & second[problems].notna().all().to_numpy()]
     if problems.empty:
         raise ValueError("the two arms share no problem answered in every shared seed: nothing can be paired")
     problems = problems.sort_values()
-    return lora_w[problems] - full_w[problems]
+    return first[problems] - second[problems]
 
 
 def _by_seed_and_problem(arm: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -75,47 +87,58 @@ def _by_seed_and_problem(arm: pd.DataFrame, name: str) -> pd.DataFrame:
     return frame.pivot(index="seed", columns="problem_id", values="correct")
 
 
-def bootstrap_ci(diffs: np.ndarray, confidence: float = 0.95, n_boot: int = 2000, seed: int = 0) -> PairedDiff:
-    """Mean of a seeds x problems difference matrix with a two-way (seeds, problems) bootstrap CI."""
+def variance_of_mean(diffs: np.ndarray) -> tuple[float, float]:
+    """Estimated variance of the grand mean of a seeds x problems matrix, and its degrees of freedom."""
+    n_seeds, n_problems = diffs.shape
+    if n_seeds == 1 or n_problems == 1:  # one crossed factor left: the ordinary variance of a mean
+        values = diffs.ravel()
+        if values.size < 2:
+            raise ValueError("one seed and one problem: no variance can be estimated")
+        return float(values.var(ddof=1) / values.size), float(values.size - 1)
+    grand = diffs.mean()
+    seed_means, problem_means = diffs.mean(axis=1), diffs.mean(axis=0)
+    ms_seed = n_problems * ((seed_means - grand) ** 2).sum() / (n_seeds - 1)
+    ms_problem = n_seeds * ((problem_means - grand) ** 2).sum() / (n_problems - 1)
+    residual = diffs - seed_means[:, None] - problem_means[None, :] + grand
+    df_residual = (n_seeds - 1) * (n_problems - 1)
+    ms_residual = (residual ** 2).sum() / df_residual
+    cells = n_seeds * n_problems
+    combined = ms_seed + ms_problem - ms_residual
+    if combined <= ms_residual:  # the components cannot be negative: at least the residual's share remains
+        return float(ms_residual / cells), float(df_residual)
+    df = combined ** 2 / (ms_seed ** 2 / (n_seeds - 1) + ms_problem ** 2 / (n_problems - 1)
+                          + ms_residual ** 2 / df_residual)
+    return float(combined / cells), float(df)
+
+
+def crossed_interval(diffs: np.ndarray, confidence: float = 0.95) -> PairedDiff:
+    """Mean of a seeds x problems difference matrix with its crossed random-effects t interval."""
     diffs = np.asarray(diffs, dtype=float)
     if diffs.ndim != 2 or diffs.size == 0:
         raise ValueError(f"expected a non-empty seeds x problems matrix, got shape {diffs.shape}")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
-    n_seeds, n_problems = diffs.shape
-    rng = np.random.default_rng(seed)
-    # Multinomial counts are the resampling weights: replicate b's mean is w_s[b] @ D @ w_p[b] / (S P).
-    w_problems = rng.multinomial(n_problems, np.full(n_problems, 1 / n_problems), size=n_boot)
-    if n_seeds > 1:
-        w_seeds = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=n_boot)
-    else:
-        w_seeds = np.ones((n_boot, 1), dtype=int)
-    replicates = np.einsum("bs,sp,bp->b", w_seeds, diffs, w_problems) / diffs.size
-    low, high = np.quantile(replicates, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return PairedDiff(
-        estimate=float(diffs.mean()), ci_low=float(low), ci_high=float(high), confidence=confidence,
-        n_pairs=diffs.size, n_seeds=n_seeds, n_problems=n_problems, replicates=replicates,
-    )
+    variance, df = variance_of_mean(diffs)
+    estimate, se = float(diffs.mean()), float(np.sqrt(variance))
+    half = float(stats.t.ppf(0.5 + confidence / 2, df)) * se
+    return PairedDiff(estimate, se, df, estimate - half, estimate + half, confidence, diffs.size, *diffs.shape)
 
 
-def paired_bootstrap_diff(
-    lora: pd.DataFrame, full: pd.DataFrame, confidence: float = 0.95, n_boot: int = 2000, seed: int = 0
-) -> PairedDiff:
-    """Pair two arms' per-problem results by seed and problem id, then bootstrap the mean difference."""
-    return bootstrap_ci(paired_differences(lora, full).to_numpy(), confidence, n_boot, seed)
+def paired_diff(a: pd.DataFrame, b: pd.DataFrame, confidence: float = 0.95) -> PairedDiff:
+    """Pair two arms' per-problem results by seed and problem id: mean of a - b with its interval."""
+    return crossed_interval(paired_differences(a, b).to_numpy(), confidence)
 
 
 def tost(diff: PairedDiff, margin: float, alpha: float | None = None) -> Tost:
-    """Two one-sided tests of H0: |diff| >= margin on the bootstrap replicates, and the overall verdict.
+    """Two one-sided tests of H0: |diff| >= margin, and the overall verdict.
 
     TOST at level alpha rejects both H0-: diff <= -m and H0+: diff >= m exactly when the two-sided
-    (1 - 2 alpha) CI lies inside (-m, m): each one-sided test at alpha is the matching end of that CI.
-    alpha defaults to 1 - confidence, so at confidence 0.95 the TOST reads the 90% CI.
-    The bootstrap p-value is max(P*(diff <= -m), P*(diff >= m)) over the replicates.
+    (1 - 2 alpha) interval lies inside (-m, m); alpha defaults to 1 - confidence, so at confidence 0.95
+    the TOST reads the 90% interval. Its p-value is the larger of the two one-sided t-test p-values.
 
     Verdict rules, first match wins:
-      "equivalent"   the (1 - 2 alpha) CI lies strictly inside (-m, m);
-      "different"    the confidence CI excludes 0 (and equivalence was not shown);
+      "equivalent"   the (1 - 2 alpha) interval lies strictly inside (-m, m);
+      "different"    the confidence interval excludes 0 (and equivalence was not shown);
       "inconclusive" otherwise: the data cannot tell a difference from a match within the margin.
     Equivalence wins over a significant difference because the margin defines what difference matters.
     """
@@ -124,13 +147,70 @@ def tost(diff: PairedDiff, margin: float, alpha: float | None = None) -> Tost:
     alpha = 1 - diff.confidence if alpha is None else alpha
     if not 0 < alpha < 0.5:
         raise ValueError(f"alpha must lie in (0, 0.5), got {alpha}")
-    reps = diff.replicates
-    low, high = np.quantile(reps, [alpha, 1 - alpha])
-    p_value = float(max(np.mean(reps <= -margin), np.mean(reps >= margin)))
+    low, high = diff.interval(1 - 2 * alpha)
+    if diff.se > 0:
+        p_value = float(max(stats.t.sf((diff.estimate + margin) / diff.se, diff.df),
+                            stats.t.cdf((diff.estimate - margin) / diff.se, diff.df)))
+    else:
+        p_value = 0.0 if abs(diff.estimate) < margin else 1.0
     if -margin < low and high < margin:
         verdict = "equivalent"
     elif diff.ci_low > 0 or diff.ci_high < 0:
         verdict = "different"
     else:
         verdict = "inconclusive"
-    return Tost(margin=margin, alpha=alpha, ci_low=float(low), ci_high=float(high), p_value=p_value, verdict=verdict)
+    return Tost(margin=margin, alpha=alpha, ci_low=low, ci_high=high, p_value=p_value, verdict=verdict)
+
+
+def minimum_detectable_difference(diff: PairedDiff, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest true difference a two-sided test at alpha detects with the given power, from the
+    observed standard error and degrees of freedom."""
+    return float((stats.t.ppf(1 - alpha / 2, diff.df) + stats.t.ppf(power, diff.df)) * diff.se)
+
+
+# ------------------------------------------------------------------------------ coverage, by simulation
+
+
+@dataclass(frozen=True)
+class StudyDesign:
+    """A simulated comparison: correct ~ Bernoulli(sigmoid(arm + problem difficulty + per-run seed effect))."""
+
+    seeds: int
+    problems: int
+    seed_sd: float  # sd of each training run's effect on the logit scale
+    problem_sd: float = 1.0  # sd of the problems' difficulty on the logit scale
+    arm_gap: float = 0.2  # the first arm's logit advantage over the second's
+    base_logit: float = 0.0
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def true_difference(design: StudyDesign, draws: int = 400_000, seed: int = 0) -> float:
+    """The population difference of the two arms' accuracy, over problems and training runs (Monte Carlo)."""
+    rng = np.random.default_rng(seed)
+    difficulty = rng.normal(0, design.problem_sd, draws)
+    first = _sigmoid(design.base_logit + design.arm_gap + difficulty + rng.normal(0, design.seed_sd, draws))
+    second = _sigmoid(design.base_logit + difficulty + rng.normal(0, design.seed_sd, draws))
+    return float((first - second).mean())
+
+
+def simulate_differences(design: StudyDesign, rng: np.random.Generator) -> np.ndarray:
+    """One simulated study's seeds x problems matrix of paired differences."""
+    difficulty = rng.normal(0, design.problem_sd, design.problems)[None, :]
+    runs = rng.normal(0, design.seed_sd, (2, design.seeds, 1))
+    first = rng.random((design.seeds, design.problems)) < _sigmoid(design.base_logit + design.arm_gap + difficulty + runs[0])
+    second = rng.random((design.seeds, design.problems)) < _sigmoid(design.base_logit + difficulty + runs[1])
+    return first.astype(float) - second.astype(float)
+
+
+def simulate_coverage(design: StudyDesign, interval, confidence: float, studies: int, seed: int = 0) -> float:
+    """The fraction of simulated studies whose interval(diffs, confidence) -> (low, high) holds the truth."""
+    truth = true_difference(design, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    hits = 0
+    for _ in range(studies):
+        low, high = interval(simulate_differences(design, rng), confidence)
+        hits += low <= truth <= high
+    return hits / studies

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from .load import KEYS, Cells, arm_name, arms, regimes
-from .statistics import paired_bootstrap_diff, tost
+from .statistics import minimum_detectable_difference, paired_diff, tost
 
 
 @dataclass(frozen=True)
@@ -17,14 +17,17 @@ class Table:
     frame: pd.DataFrame
     markdown: str
 
+
 def _mean_sd(values: pd.Series) -> dict:
     """Mean, sample sd (NaN for one value) and count."""
     return {"mean": values.mean(), "sd": values.std(ddof=1), "n": int(values.count())}
+
 
 def peak_pass1(cells: Cells) -> pd.DataFrame:
     """Per cell, the best greedy pass@1 over evaluations after training began (step > 0)."""
     trained = cells.evals[cells.evals["step"] > 0]
     return trained.groupby(KEYS, dropna=False, sort=False)["pass1"].max().reset_index()
+
 
 def accuracy_table(cells: Cells) -> Table:
     """Mean ± sd over seeds of greedy pass@1 per regime x arm, process also at its peak, with the base."""
@@ -45,6 +48,7 @@ def accuracy_table(cells: Cells) -> Table:
     frame = pd.DataFrame(rows, columns=["row", "regime", "arm", "mean", "sd", "n"])
     return Table(frame, _accuracy_markdown(frame, ["base", *arms(cells)]))
 
+
 def _accuracy_markdown(frame: pd.DataFrame, columns: list[str]) -> str:
     """Regime rows x arm columns of "mean ± sd" strings, with the seeds per row."""
     lines = []
@@ -55,9 +59,11 @@ def _accuracy_markdown(frame: pd.DataFrame, columns: list[str]) -> str:
         lines.append([row, *(cells.get(c, "–") for c in columns), seeds if len(n) else "0"])
     return markdown_table(["regime", *columns, "n seeds"], lines)
 
+
 def _format_mean_sd(mean: float, sd: float, n: int) -> str:
     """"0.412 ± 0.021", or "0.412 (n=1)" when there is one seed."""
     return f"{mean:.3f} (n=1)" if n == 1 else f"{mean:.3f} ± {sd:.3f}"
+
 
 def markdown_table(header: list[str], rows: Iterable[list]) -> str:
     """A GitHub-flavoured markdown table from a header and rows of cell values."""
@@ -65,14 +71,18 @@ def markdown_table(header: list[str], rows: Iterable[list]) -> str:
     lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
+
 def final_answers(cells: Cells) -> pd.DataFrame:
     """Per-problem answers at each cell's last evaluation step."""
     answers = cells.answers
     last = answers.groupby("cell")["step"].transform("max")
     return answers[answers["step"] == last]
 
-def equivalence_table(cells: Cells, margin: float, confidence: float = 0.95, n_boot: int = 2000, seed: int = 0) -> Table:
-    """Per regime and rank: paired bootstrap CI of LoRA minus FullFT final pass@1 and the TOST verdict."""
+
+def equivalence_table(cells: Cells, margin: float, confidence: float = 0.95) -> Table:
+    """Per regime and rank: LoRA minus FullFT final pass@1 with its crossed (seeds x problems) interval, the
+    TOST verdict, and the power the comparison had: the half-width of the TOST interval and the minimum
+    detectable difference (5% two-sided, 80% power)."""
     answers = final_answers(cells)
     rows = []
     for regime in regimes(cells):
@@ -85,21 +95,23 @@ def equivalence_table(cells: Cells, margin: float, confidence: float = 0.95, n_b
             if reason:
                 rows.append({**row, "verdict": "skipped", "reason": reason})
                 continue
-            diff = paired_bootstrap_diff(lora, full, confidence, n_boot, seed)
+            diff = paired_diff(lora, full, confidence)
             test = tost(diff, margin)
             rows.append({
-                **row, "estimate": diff.estimate, "ci_low": diff.ci_low, "ci_high": diff.ci_high,
-                "tost_low": test.ci_low, "tost_high": test.ci_high, "p_tost": test.p_value,
-                "verdict": test.verdict, "n_pairs": diff.n_pairs, "n_seeds": diff.n_seeds,
+                **row, "estimate": diff.estimate, "se": diff.se, "df": diff.df, "ci_low": diff.ci_low,
+                "ci_high": diff.ci_high, "tost_low": test.ci_low, "tost_high": test.ci_high,
+                "tost_half_width": (test.ci_high - test.ci_low) / 2, "mdd": minimum_detectable_difference(diff),
+                "p_tost": test.p_value, "verdict": test.verdict, "n_pairs": diff.n_pairs, "n_seeds": diff.n_seeds,
                 "n_problems": diff.n_problems, "reason": "",
             })
-    columns = ["regime", "rank", "arm", "estimate", "ci_low", "ci_high", "tost_low", "tost_high", "p_tost",
-               "verdict", "n_pairs", "n_seeds", "n_problems", "reason"]
+    columns = ["regime", "rank", "arm", "estimate", "se", "df", "ci_low", "ci_high", "tost_low", "tost_high",
+               "tost_half_width", "mdd", "p_tost", "verdict", "n_pairs", "n_seeds", "n_problems", "reason"]
     frame = pd.DataFrame(rows, columns=columns).astype({"rank": "Int64", "n_pairs": "Int64", "n_seeds": "Int64", "n_problems": "Int64"})
     return Table(frame, _equivalence_markdown(frame, margin, confidence))
 
-def gain_table(cells: Cells, confidence: float = 0.95, n_boot: int = 2000, seed: int = 0) -> Table:
-    """Per regime and arm: did RL move pass@1? Final minus step-0 answers of the same cells, paired bootstrap CI."""
+
+def gain_table(cells: Cells, confidence: float = 0.95) -> Table:
+    """Per regime and arm: did training move pass@1? Final minus step-0 answers of the same cells, crossed interval."""
     answers = cells.answers
     base, final = answers[answers["step"] == 0], final_answers(cells)
     final = final[final["step"] > 0]  # a cell that never trained has no gain to report
@@ -111,7 +123,7 @@ def gain_table(cells: Cells, confidence: float = 0.95, n_boot: int = 2000, seed:
             if before.empty or after.empty:
                 rows.append({**row, "reason": "no step-0 and final evaluation of the same cell"})
                 continue
-            diff = paired_bootstrap_diff(after, before, confidence, n_boot, seed)
+            diff = paired_diff(after, before, confidence)
             rows.append({
                 **row, "base": before["correct"].mean(),
                 "final": after["correct"].mean(), "gain": diff.estimate, "ci_low": diff.ci_low,
@@ -120,6 +132,7 @@ def gain_table(cells: Cells, confidence: float = 0.95, n_boot: int = 2000, seed:
     columns = ["regime", "arm", "base", "final", "gain", "ci_low", "ci_high", "n_seeds", "n_problems", "reason"]
     frame = pd.DataFrame(rows, columns=columns).astype({"n_seeds": "Int64", "n_problems": "Int64"})
     return Table(frame, _gain_markdown(frame))
+
 
 def _gain_markdown(frame: pd.DataFrame) -> str:
     """Regime rows x arm columns of "gain [CI]", a star where the CI excludes 0."""
@@ -138,10 +151,12 @@ def _gain_markdown(frame: pd.DataFrame) -> str:
         lines.append([regime, *(values.get(c, "–") for c in columns)])
     return markdown_table(["regime", *columns], lines)
 
+
 def _answers_of(answers: pd.DataFrame, regime: str, rank: int | None) -> pd.DataFrame:
     """One arm's final answers in one regime (rank None = FullFT)."""
     arm = answers["rank"].isna() if rank is None else answers["rank"] == rank
     return answers[(answers["regime"] == regime) & arm.fillna(False)]
+
 
 def _skip_reason(lora: pd.DataFrame, full: pd.DataFrame) -> str:
     """Why a LoRA arm cannot be compared with FullFT, or "" when it can."""
@@ -154,6 +169,7 @@ def _skip_reason(lora: pd.DataFrame, full: pd.DataFrame) -> str:
     if not set(lora["problem_id"]) & set(full["problem_id"]):
         return "no problem shared with FullFT"
     return ""
+
 
 def _equivalence_markdown(frame: pd.DataFrame, margin: float, confidence: float) -> str:
     """The equivalence table as markdown, skipped rows with their reason."""
@@ -172,6 +188,17 @@ def _equivalence_markdown(frame: pd.DataFrame, margin: float, confidence: float)
             f"[{r.tost_low:+.3f}, {r.tost_high:+.3f}]", r.verdict, f"{r.n_pairs} ({r.n_seeds} × {r.n_problems})",
         ])
     return markdown_table(header, lines)
+
+
+def power_markdown(equivalence: pd.DataFrame) -> str:
+    """Regime x LoRA arm: standard error, degrees of freedom, TOST half-width and minimum detectable difference."""
+    compared = equivalence[equivalence["verdict"] != "skipped"]
+    if compared.empty:
+        return "No LoRA arm was compared with FullFT.\n"
+    lines = [[r.regime, r.arm, f"{r.se:.4f}", f"{r.df:.1f}", f"±{r.tost_half_width:.3f}", f"{r.mdd:.3f}"]
+             for r in compared.itertuples()]
+    return markdown_table(["regime", "arm", "SE", "df", "TOST interval half-width", "min. detectable difference"],
+                          lines)
 
 
 def capability_markdown(table: pd.DataFrame) -> str:

@@ -10,6 +10,7 @@ from enum import Enum
 # Start-up imports sympy and math-verify's grammars; it is not charged to any item.
 _STARTUP_SECONDS = 120.0
 _GOLD_CACHE_SIZE = 4096
+_VERDICT_CACHE_SIZE = 200_000  # (gold, completion) pairs kept before the cache starts over
 
 
 class Verdict(str, Enum):
@@ -80,24 +81,33 @@ class AnswerChecker:
     def __init__(self, timeout_seconds: float = 5.0) -> None:
         self.timeout_seconds = timeout_seconds
         self._lock = threading.Lock()  # one batch at a time on the worker's pipe
+        self._verdicts: dict[tuple[str, str], Verdict] = {}
         self._process = None
         self._conn = None
 
     def check(self, golds: Sequence[str], completions: Sequence[str]) -> list[Verdict]:
-        """Verdict for each (gold, completion) pair; raises ValueError if a gold does not parse."""
+        """Verdict for each (gold, completion) pair; raises ValueError if a gold does not parse.
+
+        Verdicts are remembered per exact (gold, completion) pair (greedy evaluations repeat most
+        completions); a timeout is not, since it says more about the machine than about the answer.
+        """
         if len(golds) != len(completions):
             raise ValueError(f"{len(golds)} golds but {len(completions)} completions")
-        golds, completions = list(golds), list(completions)
+        items = list(zip(golds, completions))
         with self._lock:
             self._check_golds(list(dict.fromkeys(golds)))
-            items = list(zip(golds, completions))
+            todo = list(dict.fromkeys(item for item in items if item not in self._verdicts))
             verdicts: list[Verdict] = []
-            while len(verdicts) < len(items):
-                replies, failure = self._request("items", items[len(verdicts):])
+            while len(verdicts) < len(todo):
+                replies, failure = self._request("items", todo[len(verdicts):])
                 verdicts += [Verdict(reply) for reply in replies]
                 if failure is not None:  # the worker was lost on the next item; resume after it
                     verdicts.append(failure)
-            return verdicts
+            fresh = dict(zip(todo, verdicts))
+            if len(self._verdicts) > _VERDICT_CACHE_SIZE:
+                self._verdicts.clear()
+            self._verdicts.update((item, v) for item, v in fresh.items() if v is not Verdict.TIMEOUT)
+            return [fresh[item] if item in fresh else self._verdicts[item] for item in items]
 
     def close(self) -> None:
         """Stop the worker (a later check starts a new one)."""

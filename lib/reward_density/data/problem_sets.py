@@ -2,7 +2,7 @@
 
 Which one is decided by the profile: a `data.prompt_template` means MATH-schema datasets (hub ids or
 local copies, read through `datasets`, math_data.py); without one, `problems` is a mini-world folder
-holding train.jsonl and heldout.jsonl.
+holding train.jsonl, dev.jsonl and heldout.jsonl.
 """
 from __future__ import annotations
 
@@ -25,11 +25,12 @@ def training_problems(
 
 def heldout_problems(
     problems: str, heldout: str | None, prompt_template: str | None, subsets: Sequence[str] | None,
-    checker: AnswerChecker, count: int | None = None, log: Callable[[str], None] = print,
+    checker: AnswerChecker, count: int | None = None, log: Callable[[str], None] = print, split: str = "heldout",
 ) -> list[Problem]:
-    """The fixed held-out set: the first `count` problems (all when None) of `heldout`, else of `problems`."""
+    """The fixed held-out set: the first `count` problems (all when None) of `heldout`, else of `problems`
+    (a mini-world folder: its `split`, heldout for the study or dev for choosing settings)."""
     if prompt_template is None:
-        found = read_problems(Path(heldout) if heldout else Path(problems) / "heldout.jsonl")
+        found = read_problems(Path(heldout) if heldout else Path(problems) / f"{split}.jsonl")
     else:  # a separate held-out dataset has one default config; the training dataset's test split has subsets
         found = _math_problems(heldout or problems, "test", prompt_template, None if heldout else subsets, checker, log)
     if count is not None and len(found) < count:

@@ -13,12 +13,14 @@ class Problem:
 
     question: the bare problem text a PRM is shown (Math-Shepherd saw questions, not prompt templates);
     empty when the prompt is the question itself, as in the mini world.
+    solution: a correct completion, for supervised training (the SFT control); empty when none is known.
     """
 
     problem_id: str
     prompt: str
     answer: str
     question: str = ""
+    solution: str = ""
 
 
 def write_problems(path: Path, problems: Sequence[Problem], extra: Sequence[dict] | None = None) -> None:
@@ -27,7 +29,7 @@ def write_problems(path: Path, problems: Sequence[Problem], extra: Sequence[dict
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as handle:
         for problem, more in zip(problems, extra, strict=True):
-            record = {k: v for k, v in asdict(problem).items() if k != "question" or v}
+            record = {k: v for k, v in asdict(problem).items() if k not in ("question", "solution") or v}
             handle.write(json.dumps({**record, **more}) + "\n")
 
 
@@ -40,7 +42,8 @@ def read_problems(path: Path) -> list[Problem]:
         for line_number, line in enumerate(handle, 1):
             try:
                 row = json.loads(line)
-                problems.append(Problem(str(row["problem_id"]), row["prompt"], str(row["answer"]), row.get("question", "")))
+                problems.append(Problem(str(row["problem_id"]), row["prompt"], str(row["answer"]), row.get("question", ""),
+                                        row.get("solution", "")))
             except (json.JSONDecodeError, KeyError, TypeError) as error:
                 raise ValueError(f"{path}:{line_number}: not a problem record ({error!r})") from error
     return problems

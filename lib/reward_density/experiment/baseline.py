@@ -1,12 +1,20 @@
-"""Capability baseline (paper Table 2): sampled pass@k, exploration gap and response length, per model."""
+"""The base model before training: its capability (paper Table 2: sampled pass@k, exploration gap, length)
+and its greedy held-out evaluation, which every cell starts from (computed once per world and reused)."""
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 from ..data.answer_check import AnswerChecker
 from ..data.problems import Problem
+from ..grpo.precision import autocast
 from ..grpo.sampler import SamplingConfig
-from .evaluation import sampled_pass_at_k
+from .config import SFT, CellConfig
+from .evaluation import greedy_eval, sampled_pass_at_k
+from .profiles import REPO_ROOT, Profile, cell_config
+from .provenance import fingerprint, write_json_atomic
 
 
 def capability_row(
@@ -34,3 +42,38 @@ def capability_row(
         "mean_length": sum(lengths) / len(lengths),
         "frac_truncated": sum(r["truncated"] for r in rows) / len(rows),
     }
+
+
+def base_eval_key(config: CellConfig) -> str:
+    """What a base evaluation depends on: the student's weights, the held-out problems and how they are decoded."""
+    folder = Path(config.control if config.regime == SFT else config.problems)
+    heldout = config.heldout if config.heldout and config.regime != SFT else folder / f"{config.eval_split}.jsonl"
+    parts = [fingerprint(config.student), fingerprint(heldout), config.regime == SFT, config.eval_problems,
+             config.eval_max_new_tokens, config.eval_batch_size, config.precision, config.prompt_template,
+             config.problem_subsets]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+
+def base_evaluation(config: CellConfig, model, tokenizer, heldout: Sequence[Problem],
+                    checker: AnswerChecker) -> tuple[float, list[dict]]:
+    """The base model's greedy pass@1 and rows: read from config.base_answers when its key is there, else
+    evaluated now (and saved there, atomically: cells running side by side may both write it)."""
+    path = None if config.base_answers is None else Path(config.base_answers) / f"base-{base_eval_key(config)}.json"
+    if path is not None and path.is_file():
+        saved = json.loads(path.read_text())
+        return saved["pass1"], saved["rows"]
+    with autocast(config.device, config.precision):
+        pass1, rows = greedy_eval(model, tokenizer, heldout, checker, config.eval_max_new_tokens,
+                                  batch_size=config.eval_batch_size)
+    if path is not None:
+        write_json_atomic(path, {"pass1": pass1, "rows": rows, "student": config.student})
+    return pass1, rows
+
+
+def base_configs(profile: Profile, base_answers: str | Path, root: Path = REPO_ROOT) -> list[CellConfig]:
+    """One config per held-out set the profile's cells evaluate on (the task's; the control's when the matrix
+    has the sft regime): what base_evaluation needs to compute each once, under the key the cells look up."""
+    regimes = [regime for regime in (profile.matrix.regimes[0], SFT) if regime in profile.matrix.regimes]
+    # The learning rate and rank do not enter the base evaluation; any valid pair will do.
+    return [cell_config(profile, regime, 1, profile.matrix.seeds[0], learning_rate=1.0, root=root,
+                        base_answers=str(base_answers)) for regime in dict.fromkeys(regimes)]

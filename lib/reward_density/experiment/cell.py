@@ -9,7 +9,7 @@ import csv
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,14 @@ from ..grpo.loss import LossConfig
 from ..grpo.policy import Policy, PolicyConfig
 from ..grpo.precision import autocast, frozen_dtype
 from ..grpo.sampler import SamplingConfig
-from ..grpo.step import StepConfig, grpo_step
+from ..grpo.stacked import StackedPolicy
+from ..grpo.step import StepConfig, grpo_step, stacked_grpo_step
 from ..rewards import RewardModule, build_reward
 from . import cell_folder
-from .config import CellConfig
-from .evaluation import greedy_eval
+from .config import SFT, CellConfig
+from .evaluation import greedy_eval, greedy_eval_arms
 from .provenance import manifest, write_json_atomic
+from .sft import sft_step
 
 
 def step_config(config: CellConfig) -> StepConfig:
@@ -58,16 +60,23 @@ class CellInputs:
     heldout: list[Problem]
     tokenizer: Any
     student: torch.nn.Module
-    reward: RewardModule
+    reward: RewardModule | None  # None for the SFT control, which learns from solutions
     checker: AnswerChecker
 
 
 def load_problem_splits(config: CellConfig, checker: AnswerChecker) -> tuple[list[Problem], list[Problem]]:
-    """Training problems and the first eval_problems held-out problems (the same fixed set for every cell)."""
+    """Training problems and the first eval_problems held-out problems (the same fixed set for every cell);
+    the SFT control's come from the world's control skill."""
+    if config.regime == SFT:
+        if config.control is None:
+            raise ValueError("the sft regime needs the world's control problems (world.control in the profile)")
+        source, heldout = config.control, None  # the control's own folder, whatever the task's held-out set
+    else:
+        source, heldout = config.problems, config.heldout
     subsets = config.problem_subsets
-    train = training_problems(config.problems, config.prompt_template, subsets, checker)
-    heldout = heldout_problems(config.problems, config.heldout, config.prompt_template, subsets, checker,
-                               count=config.eval_problems)
+    train = training_problems(source, config.prompt_template, subsets, checker)
+    heldout = heldout_problems(source, heldout, config.prompt_template, subsets, checker, count=config.eval_problems,
+                               split=config.eval_split)
     return train, heldout
 
 
@@ -76,7 +85,7 @@ def load_inputs(config: CellConfig, checker: AnswerChecker) -> CellInputs:
     train, heldout = load_problem_splits(config, checker)
     tokenizer = load_tokenizer(config.student)
     frozen = frozen_dtype(config.precision)  # FullFT's student is its fp32 master copy; the rest never changes
-    student_dtype = torch.float32 if config.rank is None else frozen
+    student_dtype = torch.float32 if config.rank is None or config.engine == "stacked" else frozen
     student = load_causal_lm(config.student, dtype=student_dtype, device=config.device, what="student")
     parts: dict[str, Any] = {"checker": checker, "temperature": config.temperature,
                              "micro_batch_size": config.micro_batch_size}
@@ -88,7 +97,8 @@ def load_inputs(config: CellConfig, checker: AnswerChecker) -> CellInputs:
         )
     if config.regime == "distillation":
         parts["teacher"] = load_causal_lm(config.teacher, dtype=frozen, device=config.teacher_device, what="teacher")
-    return CellInputs(train, heldout, tokenizer, student, build_reward(config.regime, **parts), checker)
+    reward = None if config.regime == SFT else build_reward(config.regime, **parts)
+    return CellInputs(train, heldout, tokenizer, student, reward, checker)
 
 
 # ------------------------------------------------------------------------------------ outputs
@@ -159,7 +169,7 @@ def summarise(config: CellConfig, history: list[dict], evals: list[dict], wall_s
         "final_pass1": final["pass1"],
         "peak_pass1": peak["pass1"],
         "peak_step": peak["step"],
-        "peak_advantage_std": max((h["advantage_std"] for h in history), default=0.0),
+        "peak_advantage_std": max((h.get("advantage_std", 0.0) for h in history), default=0.0),
         "final_len_mean": final["len_mean"],
         "final_frac_truncated": final["frac_truncated"],
         "wall_seconds": round(wall_seconds, 2),
@@ -181,32 +191,81 @@ def batches(problems: list[Problem], size: int, seed: int) -> Iterator[list[Prob
             yield order[start : start + size]
 
 
-def make_policy(config: CellConfig, student: torch.nn.Module) -> Policy:
-    """The LoRA adapter (initialised from the cell's seed) or the full model."""
+def check_group(configs: list[CellConfig]) -> None:
+    """Arms trained together differ only in rank, learning rate and folder (a regime and seed of one profile)."""
+    if not configs:
+        raise ValueError("a group needs at least one cell")
+    own = {"rank", "learning_rate", "out_dir"}
+    shared = [{k: v for k, v in asdict(c).items() if k not in own} for c in configs]
+    for config, values in zip(configs[1:], shared[1:]):
+        differing = sorted(k for k in values if values[k] != shared[0][k])
+        if differing:
+            raise ValueError(f"{config.name} cannot train beside {configs[0].name}: they differ in {differing}")
+    if len(configs) > 1 and configs[0].engine != "stacked":
+        raise ValueError("engine peft trains one cell per process; several arms together need engine: stacked")
+
+
+def make_policy(configs: list[CellConfig], student: torch.nn.Module) -> Policy | StackedPolicy:
+    """Every arm's adapter (initialised from the cells' seed) or full copy: a Policy, or a StackedPolicy."""
+    check_group(configs)
+    config = configs[0]
     torch.manual_seed(config.seed)
+    if config.engine == "stacked":
+        return StackedPolicy(student, [policy_config(c) for c in configs], config.seed)
     return Policy(student, policy_config(config), keep_reference=config.beta > 0)
 
 
-def train(config: CellConfig, inputs: CellInputs, policy: Policy, writer: CellWriter, progress: bool = True) -> None:
-    """config.steps GRPO steps, with greedy held-out evaluations at step 0, every eval_every and the end."""
-    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+def make_optimizer(configs: list[CellConfig], policy: Policy | StackedPolicy) -> torch.optim.Optimizer:
+    """AdamW with one parameter group per arm, each at its own learning rate."""
+    groups = [{"params": policy.parameters(a), "lr": c.learning_rate} for a, c in enumerate(configs)]
+    return torch.optim.AdamW(groups, weight_decay=configs[0].weight_decay)
+
+
+def evaluate(configs: list[CellConfig], inputs: CellInputs, policy: Policy | StackedPolicy) -> list[tuple[float, list]]:
+    """Greedy pass@1 of every arm on the held-out set, with its per-problem rows."""
+    config = configs[0]
+    if isinstance(policy, StackedPolicy):
+        with torch.no_grad():
+            return greedy_eval_arms(policy.weights(), inputs.tokenizer, inputs.heldout, inputs.checker,
+                                    config.eval_max_new_tokens, batch_size=config.eval_batch_size)
+    with autocast(config.device, config.precision), policy.sampling() as model:
+        return [greedy_eval(model, inputs.tokenizer, inputs.heldout, inputs.checker, config.eval_max_new_tokens,
+                            batch_size=config.eval_batch_size)]
+
+
+def train(configs: list[CellConfig], inputs: CellInputs, policy: Policy | StackedPolicy, writers: list[CellWriter],
+          base: tuple[float, list[dict]] | None = None, progress: bool = True) -> None:
+    """config.steps steps of every arm, with greedy held-out evaluations at step 0, every eval_every and the end.
+
+    base: the base model's evaluation (every arm starts as the base), computed here when not given.
+    """
+    config = configs[0]
+    optimizer = make_optimizer(configs, policy)
     settings = step_config(config)
 
-    def evaluate(step: int) -> float:
-        with autocast(config.device, config.precision), policy.sampling() as model:
-            pass1, rows = greedy_eval(model, inputs.tokenizer, inputs.heldout, inputs.checker,
-                                      config.eval_max_new_tokens, batch_size=config.eval_batch_size)
-        writer.add_eval(step, pass1, rows)
-        return pass1
+    def evaluations(step: int) -> list[float]:
+        results = [base] * len(configs) if step == 0 and base is not None else evaluate(configs, inputs, policy)
+        for writer, (pass1, rows) in zip(writers, results):
+            writer.add_eval(step, pass1, rows)
+        return [pass1 for pass1, _ in results]
 
-    pass1 = evaluate(0)
-    bar = tqdm(range(1, config.steps + 1), desc=config.name, disable=not progress)
-    problems = batches(inputs.train, config.prompts_per_step, config.seed)
+    pass1 = evaluations(0)
+    desc = configs[0].name if len(configs) == 1 else f"{config.regime}-s{config.seed} ({len(configs)} arms)"
+    bar = tqdm(range(1, config.steps + 1), desc=desc, disable=not progress)
+    per_step = config.prompts_per_step * (config.group_size if config.regime == SFT else 1)
+    problems = batches(inputs.train, per_step, config.seed)
     for step in bar:
-        row = grpo_step(policy, inputs.tokenizer, optimizer, next(problems), inputs.reward, settings,
-                        seed=config.seed * 1_000_003 + step)
-        writer.add_step({"step": step, **row})
+        batch = next(problems)
+        if config.regime == SFT:
+            rows = sft_step(policy, inputs.tokenizer, optimizer, batch, config.max_grad_norm)
+        elif isinstance(policy, StackedPolicy):
+            rows = stacked_grpo_step(policy, inputs.tokenizer, optimizer, batch, inputs.reward, settings,
+                                     seed=config.seed * 1_000_003 + step)
+        else:
+            rows = [grpo_step(policy, inputs.tokenizer, optimizer, batch, inputs.reward, settings,
+                              seed=config.seed * 1_000_003 + step)]
+        for writer, row in zip(writers, rows):
+            writer.add_step({"step": step, **row})
         if step % config.eval_every == 0 or step == config.steps:
-            pass1 = evaluate(step)
-        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", pass1=f"{pass1:.3f}", len=f"{row['len_mean']:.0f}")
-
+            pass1 = evaluations(step)
+        bar.set_postfix(loss=f"{rows[-1]['loss']:.3f}", pass1=" ".join(f"{p:.2f}" for p in pass1))

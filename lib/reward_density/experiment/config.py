@@ -11,6 +11,7 @@ Defaults are the paper's Table 1 on a CPU; profiles override what their world ch
 from __future__ import annotations
 
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from ..grpo.loss import KL_ESTIMATORS, NORMALISATIONS
@@ -35,6 +36,9 @@ from .checks import (
 )
 
 FULL = "full"  # full fine-tuning's rank, as profiles, notebooks and cell names write it
+SFT = "sft"  # the positive control: supervised steps on a skill the base lacks, beside the three RL regimes
+REGIME_CHOICES = (*REGIMES, SFT)
+ENGINES = ("peft", "stacked")
 SECTIONS = ("matrix", "cell", "world", "data", "run")  # where a setting's value comes from
 
 
@@ -60,14 +64,16 @@ def parse_rank(value: Any) -> int | None:
         raise ValueError(f"rank must be a positive integer or {FULL!r}, got {value!r}") from None
 
 
-def cell_name(regime: str, rank: int | None, seed: int) -> str:
-    """A cell's folder name, e.g. outcome-r4-s0 or process-rfull-s2."""
-    return f"{regime}-r{rank_label(rank)}-s{seed}"
+def cell_name(regime: str, rank: int | None, seed: int, learning_rate: float | None = None) -> str:
+    """A cell's folder name, e.g. outcome-r4-s0 or process-rfull-s2; a learning-rate sweep tags the rate in."""
+    rate = "" if learning_rate is None else f"-lr{learning_rate:g}"
+    return f"{regime}-r{rank_label(rank)}{rate}-s{seed}"
 
 
 def parse_cell_name(name: str) -> tuple[str, int | None, int] | None:
-    """(regime, rank, seed) from a cell name, or None when the name is not one."""
-    parts = name.rsplit("-", 2)
+    """(regime, rank, seed) from a cell name (a sweep's rate tag is skipped), or None when it is not one."""
+    parts = [part for part in name.split("-") if not part.startswith("lr")]
+    parts = ["-".join(parts[:-2]), *parts[-2:]] if len(parts) >= 3 else parts
     if len(parts) != 3 or not parts[1].startswith("r") or not parts[2].startswith("s"):
         return None
     rank, seed = parts[1][1:], parts[2][1:]
@@ -81,14 +87,14 @@ class CellConfig:
     """Every parameter of one cell of the matrix (see the module docstring)."""
 
     # The arm, from the profile's matrix.
-    regime: str = setting(check=one_of(*REGIMES), section="matrix",
-                          doc="the reward: outcome (O(1)) | process (O(S)) | distillation (O(N))")
+    regime: str = setting(check=one_of(*REGIME_CHOICES), section="matrix",
+                          doc="the reward: outcome (O(1)) | process (O(S)) | distillation (O(N)); or sft, the control")
     rank: int | None = setting(check=optional(positive_int), section="matrix",
                                doc="LoRA rank; None is full fine-tuning (written 'full')")
     seed: int = setting(check=non_negative_int, section="matrix",
                         doc="seeds the adapter initialisation, the problem order and the sampling")
     learning_rate: float = setting(check=positive_number, section="matrix",
-                                   doc="AdamW learning rate (matrix.learning_rate of the arm)")
+                                   doc="AdamW learning rate (matrix.learning_rate of the arm; a list: one per rank)")
 
     # GRPO (paper Table 1).
     steps: int = setting(100, check=positive_int, doc="GRPO steps")
@@ -111,10 +117,15 @@ class CellConfig:
     # Evaluation: greedy pass@1 on a fixed held-out set.
     eval_every: int = setting(10, check=positive_int, doc="evaluate every this many steps (and at 0 and the end)")
     eval_problems: int = setting(100, check=positive_int, doc="the first this many held-out problems")
+    eval_split: str = setting("heldout", check=one_of("heldout", "dev"),
+                              doc="the mini world's split evaluated: heldout (the study) | dev (choosing settings)")
     eval_max_new_tokens: int = setting(1536, check=positive_int, doc="completion cap while evaluating")
     eval_batch_size: int = setting(50, check=positive_int, doc="held-out problems per greedy batch")
 
     # Execution.
+    engine: str = setting("peft", check=one_of(*ENGINES),
+                          doc="peft: one cell per process, any model | stacked: a regime and seed's arms in one "
+                              "batched pass (Qwen3, fp32)")
     device: str = setting("cpu", check=non_empty_string, doc="the student's device (policy and reference)")
     teacher_device: str = setting("cpu", check=non_empty_string, doc="the distillation teacher's device")
     prm_device: str = setting("cpu", check=non_empty_string, doc="the process reward model's device")
@@ -129,6 +140,8 @@ class CellConfig:
     teacher: str = setting(check=non_empty_string, section="world", doc="the distillation teacher")
     prm: str = setting(check=non_empty_string, section="world", doc="the process reward model")
     problems: str = setting(check=non_empty_string, section="world", doc="the training problems")
+    control: str | None = setting(None, check=optional(non_empty_string), section="world",
+                                  doc="the SFT control's problems (train.jsonl, heldout.jsonl with solutions)")
     heldout: str | None = setting(None, check=optional(non_empty_string), section="world",
                                   doc="the held-out problems (unset: the mini world's problems/heldout.jsonl)")
 
@@ -141,6 +154,8 @@ class CellConfig:
     # Where the run writes, set by whoever runs the cell.
     out_dir: str = setting(check=non_empty_string, section="run", doc="the cell folder")
     profile: str = setting("custom", check=non_empty_string, section="run", doc="the profile's name")
+    base_answers: str | None = setting(None, check=optional(non_empty_string), section="run",
+                                       doc="a folder of base evaluations computed once per world (unset: the cell's own)")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -157,8 +172,8 @@ class CellConfig:
 
     @property
     def name(self) -> str:
-        """The cell's folder name."""
-        return cell_name(self.regime, self.rank, self.seed)
+        """The cell's name: its folder's."""
+        return Path(self.out_dir).name
 
     def to_parameters(self) -> dict[str, Any]:
         """The values as a notebook receives them (rank written 'full' for full fine-tuning)."""
@@ -168,14 +183,16 @@ class CellConfig:
 # ------------------------------------------------------------------------------ the notebook's parameters
 
 # The notebook's own defaults for the parameters that pick the cell: a smoke cell runs in seconds.
-NOTEBOOK_CELL = {"profile": "smoke", "regime": "outcome", "rank": 1, "seed": 0}
+NOTEBOOK_CELL = {"profile": "smoke", "regime": "outcome", "rank": 1, "seed": 0, "cells_dir": None}
 _NOTEBOOK_CELL_LINES = {
     "profile": 'profile: str = "smoke"  # a profile name (params/<name>.yaml) or the path of a profile file',
-    "regime": 'regime: str = "outcome"  # the reward: outcome | process | distillation',
-    "rank": 'rank: Union[int, str] = 1  # LoRA rank, or "full" for full fine-tuning',
+    "regime": 'regime: str = "outcome"  # the reward: outcome | process | distillation; or sft, the control',
+    "rank": 'rank: Union[int, str, list] = 1  # LoRA rank, "full", or a list of them trained side by side (stacked)',
     "seed": "seed: int = 0  # seeds the adapter initialisation, the problem order and the sampling",
+    "cells_dir": "cells_dir: Optional[str] = None  # where each cell's folder goes; None: outputs/<profile>/cells",
 }
-_NONE_MEANS = {"learning_rate": "the profile's rate for this arm", "out_dir": "outputs/<profile>/cells/<cell name>"}
+_NONE_MEANS = {"learning_rate": "the profile's rate for each arm"}
+_NOTEBOOK_TYPES = {"learning_rate": "Union[float, list]"}  # a group's arms may each have their own
 
 
 def _optional_annotation(annotation: str) -> str:
@@ -185,8 +202,8 @@ def _optional_annotation(annotation: str) -> str:
 
 
 def notebook_settings() -> list[Field]:
-    """The settings a notebook may override: every field but those that pick the cell and the profile's name."""
-    return [f for f in CellConfig.settings() if f.name not in NOTEBOOK_CELL and f.name != "profile"]
+    """The settings a notebook may override: every field but those that pick the cell and say where it goes."""
+    return [f for f in CellConfig.settings() if f.name not in NOTEBOOK_CELL and f.name not in ("profile", "out_dir")]
 
 
 def parameters_cell() -> str:
@@ -205,7 +222,8 @@ def parameters_cell() -> str:
             meaning = f"; None: the profile's {f.metadata['section']}.{f.name}"
         else:
             meaning = f" [{f.default!r}]"
-        lines.append(f"{f.name}: {_optional_annotation(f.type)} = None  # {f.metadata['doc']}{meaning}")
+        annotation = _optional_annotation(_NOTEBOOK_TYPES.get(f.name, f.type))
+        lines.append(f"{f.name}: {annotation} = None  # {f.metadata['doc']}{meaning}")
     return "\n".join(lines)
 
 

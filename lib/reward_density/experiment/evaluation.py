@@ -8,6 +8,7 @@ import torch
 
 from ..data.answer_check import AnswerChecker, Verdict, has_boxed_answer
 from ..data.problems import Problem
+from ..grpo.qwen3 import Qwen3Weights
 from ..grpo.sampler import SamplingConfig, sample_rollout
 
 
@@ -18,20 +19,24 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def _answer(model, tokenizer, problems, checker, group_size, sampling, seed, batch_size) -> list[dict]:
-    """One row per completion: problem id, verdict, correctness, length, whether an answer is boxed."""
-    rows = []
-    was_training = model.training
-    model.eval()
+def _answer(model, tokenizer, problems, checker, group_size, sampling, seed, batch_size) -> list[list[dict]]:
+    """Per arm (one for a model), one row per completion: problem id, verdict, correctness, length,
+    whether an answer is boxed, whether it hit the cap."""
+    arms = model.arms if isinstance(model, Qwen3Weights) else 1
+    rows: list[list[dict]] = [[] for _ in range(arms)]
+    was_training = getattr(model, "training", False)
+    if isinstance(model, torch.nn.Module):
+        model.eval()
     try:
         for start in range(0, len(problems), batch_size):
             batch = problems[start : start + batch_size]
             rollout = sample_rollout(model, tokenizer, batch, group_size, sampling, seed + start)
             verdicts = checker.check(rollout.answers, rollout.completions)
             lengths = rollout.completion_mask.sum(-1).tolist()
+            per_arm = len(batch) * group_size
             for i, (verdict, text) in enumerate(zip(verdicts, rollout.completions)):
-                rows.append({
-                    "problem_id": batch[i // group_size].problem_id,
+                rows[i // per_arm].append({
+                    "problem_id": batch[(i % per_arm) // group_size].problem_id,
                     "verdict": verdict.value,
                     "correct": verdict is Verdict.CORRECT,
                     "length": int(lengths[i]),
@@ -39,7 +44,8 @@ def _answer(model, tokenizer, problems, checker, group_size, sampling, seed, bat
                     "truncated": bool(rollout.truncated[i]),
                 })
     finally:
-        model.train(was_training)
+        if isinstance(model, torch.nn.Module):
+            model.train(was_training)
     return rows
 
 
@@ -52,9 +58,22 @@ def greedy_eval(
     batch_size: int = 32,
 ) -> tuple[float, list[dict]]:
     """Greedy pass@1 over problems and the per-problem rows (for paired comparisons between cells)."""
+    [arm] = greedy_eval_arms(model, tokenizer, problems, checker, max_new_tokens, batch_size)
+    return arm
+
+
+def greedy_eval_arms(
+    model: torch.nn.Module | Qwen3Weights,
+    tokenizer,
+    problems: Sequence[Problem],
+    checker: AnswerChecker,
+    max_new_tokens: int,
+    batch_size: int = 32,
+) -> list[tuple[float, list[dict]]]:
+    """greedy_eval of every arm of stacked weights (one batched decoding), or of one model."""
     greedy = SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0)
-    rows = _answer(model, tokenizer, list(problems), checker, 1, greedy, 0, batch_size)
-    return sum(r["correct"] for r in rows) / max(len(rows), 1), rows
+    per_arm = _answer(model, tokenizer, list(problems), checker, 1, greedy, 0, batch_size)
+    return [(sum(r["correct"] for r in rows) / max(len(rows), 1), rows) for rows in per_arm]
 
 
 def sampled_pass_at_k(
@@ -69,7 +88,7 @@ def sampled_pass_at_k(
     batch_size: int = 8,
 ) -> tuple[dict[int, float], list[dict]]:
     """Mean unbiased pass@k over problems from n_samples draws each, and the per-sample rows."""
-    rows = _answer(model, tokenizer, list(problems), checker, n_samples, sampling, seed, batch_size)
+    [rows] = _answer(model, tokenizer, list(problems), checker, n_samples, sampling, seed, batch_size)
     scores = {k: 0.0 for k in ks}
     for problem in problems:
         correct = sum(r["correct"] for r in rows if r["problem_id"] == problem.problem_id)

@@ -12,13 +12,13 @@ Local paths are made absolute against the root (the repository checkout by defau
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ..rewards import REGIMES
 from .checks import (
     Checker,
     InvalidValue,
@@ -30,7 +30,7 @@ from .checks import (
     positive_int,
     positive_number,
 )
-from .config import CellConfig, cell_name, parse_rank
+from .config import REGIME_CHOICES, CellConfig, cell_name, parse_rank
 
 # The checkout holding params/, notebooks/ and outputs/ (the package is installed editable from lib/).
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -42,7 +42,6 @@ DATA_REQUIRED = ("prompt_template",)  # a data section exists to say how MATH ro
 
 ANALYSIS_SCHEMA: dict[str, Checker] = {
     "equivalence_margin": positive_number,
-    "bootstrap_samples": positive_int,
     "confidence": open_unit_number,
 }
 
@@ -53,20 +52,31 @@ class ProfileError(ValueError):
 
 @dataclass(frozen=True)
 class Matrix:
-    """The sweep: regimes x (ranks + FullFT) x seeds, with one learning rate per arm ("lora", "full")."""
+    """The sweep: regimes x (ranks + FullFT) x learning rates x seeds.
+
+    learning_rate[regime][arm] holds the rates of an arm ("lora" or "full") in a regime: one in a study,
+    several in a learning-rate sweep (then each rate is a cell of its own, its name tagged with the rate).
+    """
 
     regimes: tuple[str, ...]
     ranks: tuple[int, ...]
     full_ft: bool
     seeds: tuple[int, ...]
-    learning_rate: dict[str, float]
+    learning_rate: dict[str, dict[str, tuple[float, ...]]]
 
-    def learning_rate_of(self, rank: int | None) -> float:
-        """The learning rate of an arm (rank None: FullFT)."""
+    @property
+    def sweeps_rates(self) -> bool:
+        return any(len(rates) > 1 for arms in self.learning_rate.values() for rates in arms.values())
+
+    def learning_rate_of(self, regime: str, rank: int | None) -> float:
+        """The learning rate of an arm in a regime (rank None: FullFT), when the profile gives exactly one."""
         arm = "full" if rank is None else "lora"
-        if arm not in self.learning_rate:
-            raise ValueError(f"the profile has no matrix.learning_rate.{arm}")
-        return self.learning_rate[arm]
+        rates = self.learning_rate.get(regime, {}).get(arm)
+        if not rates:
+            raise ValueError(f"the profile has no matrix.learning_rate for {arm} in {regime}")
+        if len(rates) > 1:
+            raise ValueError(f"the profile sweeps {len(rates)} learning rates for {arm} in {regime}: give the cell's own")
+        return rates[0]
 
 
 @dataclass(frozen=True)
@@ -77,11 +87,12 @@ class MatrixCell:
     rank: int | None
     seed: int
     learning_rate: float
+    tagged: bool = False  # in a learning-rate sweep: the rate is part of the name
 
     @property
     def name(self) -> str:
-        """The cell's folder name, e.g. outcome-r4-s0 or process-rfull-s2."""
-        return cell_name(self.regime, self.rank, self.seed)
+        """The cell's folder name, e.g. outcome-r4-s0, process-rfull-s2 or outcome-r1-lr0.0003-s100 (a sweep)."""
+        return cell_name(self.regime, self.rank, self.seed, self.learning_rate if self.tagged else None)
 
 
 @dataclass(frozen=True)
@@ -99,12 +110,14 @@ class Profile:
     analysis: dict[str, Any]
 
     def cells(self) -> list[MatrixCell]:
-        """All cells: regimes outer, then ranks ascending then FullFT, then seeds."""
+        """All cells: regimes outer, then ranks ascending then FullFT, then learning rates, then seeds."""
         ranks: list[int | None] = [*sorted(self.matrix.ranks), *([None] if self.matrix.full_ft else [])]
+        tagged = self.matrix.sweeps_rates
         return [
-            MatrixCell(regime, rank, seed, self.matrix.learning_rate_of(rank))
+            MatrixCell(regime, rank, seed, rate, tagged)
             for regime in self.matrix.regimes
             for rank in ranks
+            for rate in self.matrix.learning_rate[regime]["full" if rank is None else "lora"]
             for seed in self.matrix.seeds
         ]
 
@@ -133,10 +146,31 @@ def cell_config(
             values[f.name] = resolve_world_entry(values[f.name], root)
     values.update(
         regime=regime, rank=rank, seed=seed, profile=profile.name,
-        learning_rate=profile.matrix.learning_rate_of(rank) if learning_rate is None else learning_rate,
+        learning_rate=profile.matrix.learning_rate_of(regime, rank) if learning_rate is None else learning_rate,
         out_dir=str(resolve_path(out_dir or profile.cells_dir(root) / cell_name(regime, rank, seed), root)),
     )
     return CellConfig(**values)
+
+
+def group_configs(
+    profile: Profile, regime: str, ranks: Sequence[int | str | None], seed: int, *,
+    learning_rate: float | Sequence[float] | None = None, cells_dir: str | Path | None = None, root: Path = REPO_ROOT,
+    **settings: Any,
+) -> list[CellConfig]:
+    """The configs of arms trained together (one regime and seed), each in its folder under cells_dir
+    (None: the profile's cells folder under root). learning_rate: one for every arm, one per arm, or None
+    (each arm's rate in the profile); a learning-rate sweep's cell names carry the rate."""
+    folder = profile.cells_dir(root) if cells_dir is None else resolve_path(cells_dir, root)
+    rates = list(learning_rate) if isinstance(learning_rate, (list, tuple)) else [learning_rate] * len(ranks)
+    if len(rates) != len(ranks):
+        raise ValueError(f"{len(rates)} learning rates for {len(ranks)} ranks: give one, or one per rank")
+    configs = []
+    for rank, rate in zip(ranks, rates):
+        rate = profile.matrix.learning_rate_of(regime, parse_rank(rank)) if rate is None else rate
+        name = cell_name(regime, parse_rank(rank), seed, rate if profile.matrix.sweeps_rates else None)
+        configs.append(cell_config(profile, regime, rank, seed, learning_rate=rate, out_dir=folder / name, root=root,
+                                   **settings))
+    return configs
 
 
 def is_local_path(value: str, root: Path) -> bool:
@@ -288,12 +322,24 @@ class _Validator:
         """The validated matrix section; learning_rate.full is needed only when full_ft is true."""
         data = self.mapping("matrix", value, MATRIX_KEYS)
         full_ft = self.check("matrix.full_ft", data["full_ft"], boolean)
-        rates = self.mapping("matrix.learning_rate", data["learning_rate"], ("lora", "full") if full_ft else ("lora",),
-                             () if full_ft else ("full",))
+        regimes = self.unique_list("matrix.regimes", data["regimes"], one_of(*REGIME_CHOICES))
+        rates = data["learning_rate"]
+        if isinstance(rates, dict) and set(rates) & set(REGIME_CHOICES):  # one mapping of arms per regime
+            self.mapping("matrix.learning_rate", rates, regimes)
+            learning_rate = {r: self.arm_rates(f"matrix.learning_rate.{r}", rates[r], full_ft) for r in regimes}
+        else:  # one mapping of arms for every regime
+            arms = self.arm_rates("matrix.learning_rate", rates, full_ft)
+            learning_rate = {regime: arms for regime in regimes}
         return Matrix(
-            regimes=self.unique_list("matrix.regimes", data["regimes"], one_of(*REGIMES)),
+            regimes=regimes,
             ranks=self.unique_list("matrix.ranks", data["ranks"], positive_int),
             full_ft=full_ft,
             seeds=self.unique_list("matrix.seeds", data["seeds"], non_negative_int),
-            learning_rate={k: self.check(f"matrix.learning_rate.{k}", v, positive_number) for k, v in rates.items()},
+            learning_rate=learning_rate,
         )
+
+    def arm_rates(self, key: str, value: Any, full_ft: bool) -> dict[str, tuple[float, ...]]:
+        """{lora: rates, full: rates}: each a positive number or a list of them (a sweep)."""
+        arms = self.mapping(key, value, ("lora", "full") if full_ft else ("lora",), () if full_ft else ("full",))
+        return {arm: self.unique_list(f"{key}.{arm}", rate, positive_number) if isinstance(rate, list)
+                else (self.check(f"{key}.{arm}", rate, positive_number),) for arm, rate in arms.items()}

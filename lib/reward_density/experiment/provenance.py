@@ -1,6 +1,7 @@
 """What produced a result: git commit and dirty flag, package versions, device, wall time."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -43,7 +44,20 @@ def device_description(device: str | torch.device = "cpu") -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} torch threads"
+    return f"{cpu_model()}, {torch.get_num_threads()} torch threads"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one) and its widest vector instructions."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{name or platform.machine()} ({vector})"
+
 
 
 def manifest(device: str | torch.device = "cpu", **extra: Any) -> dict[str, Any]:
@@ -67,3 +81,17 @@ def write_json_atomic(path: Path, payload: Any) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(handle.name, path)
+
+
+def fingerprint(source: str | Path | None) -> str:
+    """What identifies a model or dataset: a hash of a local file's or folder's contents, else the hub id."""
+    if source is None:
+        return "none"
+    path = Path(source).expanduser()
+    if not path.exists():
+        return str(source)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file()):
+        digest.update(str(file.relative_to(path if path.is_dir() else path.parent)).encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]

@@ -72,8 +72,22 @@ class Policy:
             self._lora_layers = []
         self.has_reference = config.is_lora or keep_reference
 
+    n_arms = 1  # one policy; StackedPolicy holds several
+
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
+
+    def parameters(self, arm: int = 0) -> list[torch.nn.Parameter]:
+        """The trainable parameters (of its one arm: the StackedPolicy interface)."""
+        if arm != 0:
+            raise IndexError(f"a Policy has one arm, asked for arm {arm}")
+        return self.trainable_parameters()
+
+    def logprobs(self, rollout: Rollout, temperature: float) -> torch.Tensor:
+        """log pi of the completion tokens at the temperature, with gradients (train mode)."""
+        self.model.train()
+        return completion_logprobs(self.model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                   rollout.completion_mask, temperature)
 
     @contextlib.contextmanager
     def sampling(self) -> Iterator[torch.nn.Module]:

@@ -34,3 +34,14 @@ class Rollout:
     @property
     def num_completions(self) -> int:
         return self.completion_ids.shape[0]
+
+    def rows(self, start: int, stop: int) -> Rollout:
+        """Rows start..stop-1 as a rollout of their own (whole groups: one arm's share of a stacked rollout)."""
+        if start % self.group_size or stop % self.group_size:
+            raise ValueError(f"rows {start}..{stop} cut through a group of {self.group_size}")
+        cut = slice(start, stop)
+        return Rollout(
+            self.prompt_ids[cut], self.prompt_mask[cut], self.completion_ids[cut], self.completion_mask[cut],
+            self.sampler_logps[cut], self.truncated[cut], self.group_size, self.prompts[cut], self.completions[cut],
+            self.answers[cut], None if self.questions is None else self.questions[cut],
+        )

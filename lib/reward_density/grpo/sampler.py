@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from ..data.problems import Problem
-from .decode import make_decoder
 from .logprobs import position_ids_from_mask
+from .qwen3 import Decoder, Qwen3Weights, make_decoder
 from .rollout import Rollout
 
 # Bumped whenever the same seed would draw different tokens (the mini world's PRM is labelled from
@@ -43,23 +43,29 @@ def special_token_ids(tokenizer) -> tuple[int, int]:
 
 @torch.no_grad()
 def sample_rollout(
-    model: torch.nn.Module,
+    model: torch.nn.Module | Qwen3Weights,
     tokenizer,
     problems: Sequence[Problem],
     group_size: int,
     config: SamplingConfig,
     seed: int,
 ) -> Rollout:
-    """Draw group_size completions for each problem; rows g*G..g*G+G-1 answer problems[g]."""
+    """Draw group_size completions for each problem; rows g*G..g*G+G-1 answer problems[g].
+
+    model: a causal LM, or the stacked weights of several arms (qwen3.py): then every arm answers every
+    problem, arm-major (arm a's rows are a*N..a*N+N-1), and each arm draws with the same random stream,
+    so an arm samples what it would sample alone.
+    """
     eos, pad = special_token_ids(tokenizer)
-    device = next(model.parameters()).device
+    arms = model.arms if isinstance(model, Qwen3Weights) else 1
+    device = model.embed.device if isinstance(model, Qwen3Weights) else next(model.parameters()).device
     encoded = tokenizer([p.prompt for p in problems], padding=True, padding_side="left", return_tensors="pt")
-    prompt_ids = encoded["input_ids"].repeat_interleave(group_size, dim=0)
-    prompt_mask = encoded["attention_mask"].repeat_interleave(group_size, dim=0)
+    prompt_ids = encoded["input_ids"].repeat_interleave(group_size, dim=0).repeat(arms, 1)
+    prompt_mask = encoded["attention_mask"].repeat_interleave(group_size, dim=0).repeat(arms, 1)
     generator = torch.Generator(device=device).manual_seed(seed)
 
     completion_ids, sampler_logps, finished = _decode(
-        model, prompt_ids.to(device), prompt_mask.to(device), config, eos, pad, generator
+        model, arms, prompt_ids.to(device), prompt_mask.to(device), config, eos, pad, generator
     )
     completion_mask = _completion_mask(completion_ids, eos)
     completion_ids = completion_ids.masked_fill(~completion_mask, pad)
@@ -74,37 +80,68 @@ def sample_rollout(
         sampler_logps=(sampler_logps * completion_mask).cpu(),
         truncated=(~finished).cpu(),
         group_size=group_size,
-        prompts=[p.prompt for p in problems for _ in range(group_size)],
+        prompts=[p.prompt for p in problems for _ in range(group_size)] * arms,
         completions=texts,
-        answers=[p.answer for p in problems for _ in range(group_size)],
-        questions=[p.question or p.prompt for p in problems for _ in range(group_size)],
+        answers=[p.answer for p in problems for _ in range(group_size)] * arms,
+        questions=[p.question or p.prompt for p in problems for _ in range(group_size)] * arms,
     )
 
 
-def _decode(model, prompt_ids, prompt_mask, config, eos, pad, generator):
-    """The token loop: one cached forward per new token until every row has an EOS or the cap."""
-    batch, prompt_len = prompt_ids.shape
-    decoder = make_decoder(model, batch, prompt_len + config.max_new_tokens) or _TransformersDecoder(model)
+def _decode(model, arms, prompt_ids, prompt_mask, config, eos, pad, generator):
+    """The token loop: one cached forward per new token until every row has an EOS or the cap.
+
+    When at most half of the rows still decode, the finished ones leave the batch (the stacked decoder
+    keeps the same number of rows in every arm); a row's draws do not depend on who else is decoding.
+    """
+    rows, prompt_len = prompt_ids.shape
+    per_arm = rows // arms
+    max_length = prompt_len + config.max_new_tokens
+    if isinstance(model, Qwen3Weights):
+        decoder = Decoder(model, per_arm, max_length)
+    else:
+        decoder = make_decoder(model, rows, max_length) or _TransformersDecoder(model)
     positions = position_ids_from_mask(prompt_mask)
     logits = decoder.prefill(prompt_ids, prompt_mask.long(), positions)
-    next_position = positions[:, -1:] + 1
-    finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
-    tokens, logps = [], []
-    for _ in range(config.max_new_tokens):
-        token, logp = _pick(logits.float(), config, generator)
-        token = token.masked_fill(finished, pad)
-        tokens.append(token)
-        logps.append(logp)
-        finished = finished | (token == eos)
+    next_position = positions[:, -1] + 1
+    finished = torch.zeros(rows, dtype=torch.bool, device=prompt_ids.device)
+    tokens = torch.full((rows, config.max_new_tokens), pad, dtype=torch.long, device=prompt_ids.device)
+    logps = torch.zeros(rows, config.max_new_tokens, device=prompt_ids.device)
+    active = torch.arange(rows, device=prompt_ids.device)  # the full-batch row of each decoding row
+    for step in range(config.max_new_tokens):
+        uniform = _uniforms(per_arm, generator, prompt_ids.device).repeat(arms, 1)[active]
+        token, logp = _pick(logits.float(), config, uniform)
+        token = token.masked_fill(finished[active], pad)
+        tokens[active, step], logps[active, step] = token, logp
+        finished[active] |= token == eos
         if finished.all():
-            break
-        logits = decoder.extend(token, next_position, ~finished)
-        next_position = next_position + 1
-    return torch.stack(tokens, dim=1), torch.stack(logps, dim=1), finished
+            return tokens[:, : step + 1], logps[:, : step + 1], finished
+        keep = _rows_to_keep(finished, active, arms)
+        if keep is not None:
+            decoder.keep_rows(keep)
+            active, token = active[keep], token[keep]
+        logits = decoder.extend(token, next_position[active, None] + step, ~finished[active])
+    return tokens, logps, finished
+
+
+def _uniforms(per_arm: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """This token's uniform draw for each row of an arm ([per_arm, 1]); every arm reuses them."""
+    return torch.rand(per_arm, 1, generator=generator, device=device)
+
+
+def _rows_to_keep(finished: torch.Tensor, active: torch.Tensor, arms: int) -> torch.Tensor | None:
+    """Indices into the decoding rows worth keeping once at most half still decode: in every arm its live
+    rows, padded with finished ones to the same count; None while compacting would not halve the batch."""
+    live = ~finished[active].view(arms, -1)
+    width = int(live.sum(-1).max())
+    if width > live.shape[1] // 2 or width == 0:
+        return None
+    # Live rows first, in order (a stable sort on "finished"), then finished ones as padding.
+    order = torch.sort((~live).long(), dim=-1, stable=True).indices[:, :width]
+    return (order + torch.arange(arms, device=order.device)[:, None] * live.shape[1]).reshape(-1)
 
 
 class _TransformersDecoder:
-    """The model's own cached forward, for architectures qwen3_decode does not reproduce."""
+    """The model's own cached forward, for architectures qwen3.py does not reproduce."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -118,6 +155,10 @@ class _TransformersDecoder:
         self.attention_mask = torch.cat([self.attention_mask, attend.long().unsqueeze(1)], dim=1)
         return self._forward(tokens.unsqueeze(1), position_ids)
 
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        self.attention_mask = self.attention_mask[rows]
+        self.cache.reorder_cache(rows)
+
     def _forward(self, input_ids, position_ids) -> torch.Tensor:
         out = self.model(
             input_ids=input_ids, attention_mask=self.attention_mask, position_ids=position_ids,
@@ -127,8 +168,11 @@ class _TransformersDecoder:
         return out.logits[:, -1, :]
 
 
-def _pick(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator):
-    """Next token and its log-prob under logits / temperature (top-p only restricts the draw)."""
+def _pick(logits: torch.Tensor, config: SamplingConfig, uniform: torch.Tensor):
+    """Next token and its log-prob under logits / temperature (top-p only restricts the draw).
+
+    uniform: one U(0, 1) per row, the draw of an inverse-CDF sample over the kept tokens.
+    """
     if config.temperature == 0:
         token = logits.argmax(dim=-1)
         return token, torch.log_softmax(logits, dim=-1).gather(-1, token.unsqueeze(-1)).squeeze(-1)
@@ -137,10 +181,8 @@ def _pick(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generat
     if config.top_p < 1:
         outside = sorted_probs.cumsum(-1) - sorted_probs > config.top_p  # the first token always stays
         sorted_probs = sorted_probs.masked_fill(outside, 0.0)
-    # Inverse-CDF draw over the kept tokens: one uniform per row (cheaper than multinomial per token).
     cdf = sorted_probs.cumsum(-1)
-    uniform = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device, dtype=cdf.dtype) * cdf[:, -1:]
-    index = torch.searchsorted(cdf, uniform, right=True).clamp(max=cdf.shape[-1] - 1)
+    index = torch.searchsorted(cdf, uniform.to(cdf.dtype) * cdf[:, -1:], right=True).clamp(max=cdf.shape[-1] - 1)
     token = order.gather(-1, index).squeeze(-1)
     return token, logp_all.gather(-1, token.unsqueeze(-1)).squeeze(-1)
 

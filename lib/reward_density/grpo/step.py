@@ -1,4 +1,8 @@
-"""One GRPO step: sample -> rewards -> advantages -> loss -> clip -> optimizer step -> metrics row."""
+"""One GRPO step: sample -> rewards -> advantages -> loss -> clip -> optimizer step -> metrics row.
+
+grpo_step updates one Policy (any causal LM, peft LoRA or FullFT); stacked_grpo_step updates every arm
+of a StackedPolicy in one batched pass (the mini world's engine), one metrics row per arm.
+"""
 from __future__ import annotations
 
 import time
@@ -11,12 +15,14 @@ from ..data.answer_check import has_boxed_answer
 from ..data.problems import Problem
 from ..data.steps import split_steps
 from .advantages import compute_advantages
-from .deposits import RewardModule
+from .deposits import Deposits, RewardModule
 from .logprobs import completion_logprobs, micro_batches
 from .loss import BatchTotals, LossConfig, LossOutput, grpo_loss
 from .policy import Policy
 from .precision import autocast, check_precision
+from .rollout import Rollout
 from .sampler import SamplingConfig, sample_rollout
+from .stacked import StackedPolicy
 
 
 @dataclass(frozen=True)
@@ -82,28 +88,83 @@ def grpo_step(
     optimizer.step()
     done = time.perf_counter()
 
+    timings = {"step_seconds": done - start, "generate_seconds": generated - start,
+               "reward_seconds": rewarded - generated, "train_seconds": done - rewarded}
+    return step_metrics(rollout, deposits, advantages, out, float(grad_norm)) | timings
+
+
+def step_metrics(rollout: Rollout, deposits: Deposits, advantages: torch.Tensor, out: LossOutput,
+                 grad_norm: float) -> dict[str, float]:
+    """The metrics row of one policy's step (DESIGN §4): statistics over valid tokens only."""
+    mask = rollout.completion_mask.bool()
     valid = advantages[mask]
     lengths = mask.sum(-1).float()
     return {
-        "loss": float(out.loss),
+        "loss": float(out.loss.detach()),
         "reward_mean": float(deposits.trajectory_rewards.mean()),
         "advantage_std": float(valid.std()) if valid.numel() > 1 else 0.0,
         "advantage_abs_max": float(valid.abs().max()) if valid.numel() else 0.0,
         "kl_ref": out.kl_ref,
         "clip_frac": out.clip_frac,
         "ratio_mean": out.ratio_mean,
-        "grad_norm": float(grad_norm),
+        "grad_norm": grad_norm,
         "len_mean": float(lengths.mean()),
         "len_max": float(lengths.max()),
         "frac_truncated": float(rollout.truncated.float().mean()),
         "frac_answered": sum(map(has_boxed_answer, rollout.completions)) / rollout.num_completions,
         "steps_mean": sum(len(split_steps(t)) for t in rollout.completions) / rollout.num_completions,
-        "step_seconds": done - start,
-        "generate_seconds": generated - start,
-        "reward_seconds": rewarded - generated,
-        "train_seconds": done - rewarded,
         **deposits.counters,
     }
+
+
+def stacked_grpo_step(
+    policy: StackedPolicy,
+    tokenizer,
+    optimizer: torch.optim.Optimizer,
+    problems: Sequence[Problem],
+    reward: RewardModule,
+    config: StepConfig,
+    seed: int,
+) -> list[dict[str, float]]:
+    """One GRPO update of every arm of a stacked policy on the same problems; one metrics row per arm.
+
+    Each arm samples with the same random stream, gets its own rewards, advantages and loss, and its
+    gradient is clipped on its own: per arm, exactly grpo_step on that arm's policy. Sampling and the
+    forward passes run stacked; the timings are the whole step's, shared by its arms.
+    """
+    start = time.perf_counter()
+    if config.precision != "fp32":
+        raise ValueError("the stacked engine runs in fp32")
+    with torch.no_grad():
+        rollout = sample_rollout(policy.weights(), tokenizer, problems, config.group_size, config.sampling, seed)
+    generated = time.perf_counter()
+
+    per_arm = rollout.num_completions // policy.n_arms
+    shares = [rollout.rows(a * per_arm, (a + 1) * per_arm) for a in range(policy.n_arms)]
+    deposits = [reward(share) for share in shares]
+    advantages = [compute_advantages(d.token_rewards, d.deposit_mask, share.completion_mask, config.group_size,
+                                     config.advantage_eps) for d, share in zip(deposits, shares)]
+    rewarded = time.perf_counter()
+
+    temperature = config.sampling.temperature
+    ref_logps = policy.reference_logprobs(rollout, temperature) if config.loss.beta > 0 or config.track_kl else None
+    logps = policy.logprobs(rollout, temperature)
+    outs = []
+    for a, share in enumerate(shares):
+        rows = slice(a * per_arm, (a + 1) * per_arm)
+        outs.append(grpo_loss(logps[rows], share.sampler_logps, advantages[a], share.completion_mask, config.loss,
+                              ref_logps=None if ref_logps is None else ref_logps[rows]))
+    optimizer.zero_grad(set_to_none=True)
+    sum(out.loss for out in outs).backward()
+    grad_norms = [torch.nn.utils.clip_grad_norm_(policy.parameters(a), config.max_grad_norm)
+                  for a in range(policy.n_arms)]
+    optimizer.step()
+    done = time.perf_counter()
+
+    timings = {"step_seconds": done - start, "generate_seconds": generated - start,
+               "reward_seconds": rewarded - generated, "train_seconds": done - rewarded, "arms": policy.n_arms}
+    return [step_metrics(share, d, adv, out, float(norm)) | timings
+            for share, d, adv, out, norm in zip(shares, deposits, advantages, outs, grad_norms)]
 
 
 def _backward(

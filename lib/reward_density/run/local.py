@@ -20,14 +20,16 @@ from pathlib import Path
 from typing import IO
 
 from ..experiment import cell_folder
-from ..experiment.profiles import MatrixCell, Profile
+from ..experiment.profiles import Profile
 from .matrix import (
     STOP_GRACE_SECONDS,
+    Job,
     RunReport,
-    cell_spec,
     cpu_count,
-    fresh_folder,
-    pending_cells,
+    job_spec,
+    outcome_of,
+    pending_jobs,
+    prepare,
     progress_bar,
     record,
     sigterm_as_interrupt,
@@ -41,7 +43,7 @@ POLL_SECONDS = 0.2
 class _Running:
     """A cell whose process is running."""
 
-    cell: MatrixCell
+    job: Job
     folder: Path
     process: subprocess.Popen
     log: IO[str]
@@ -76,10 +78,10 @@ def gpu_slots(gpus: str, profile: Profile) -> list[str]:
     return [",".join(ids[i : i + size]) for i in range(0, len(ids) - size + 1, size)]
 
 
-def _launch(cell: MatrixCell, profile: Profile, root: Path, notebook: Path, env: dict[str, str]) -> _Running:
-    """Clear the cell folder and start the cell's process."""
-    spec = cell_spec(cell, profile, root, notebook) | {"parent_pid": os.getpid()}
-    folder = fresh_folder(profile.cells_dir(root) / cell.name)
+def _launch(job: Job, profile: Profile, root: Path, notebook: Path, env: dict[str, str]) -> _Running:
+    """Clear the job's folders and start its process."""
+    spec = job_spec(job, profile, root, notebook) | {"parent_pid": os.getpid()}
+    folder = prepare(job, profile, root)
     log = open(folder / cell_folder.LOG, "w")
     process = subprocess.Popen(
         [sys.executable, "-m", "reward_density.run.cell_process", json.dumps(spec)],
@@ -90,16 +92,14 @@ def _launch(cell: MatrixCell, profile: Profile, root: Path, notebook: Path, env:
         cwd=root,
         start_new_session=True,  # Ctrl-C reaches the runner only; it stops the cells itself
     )
-    return _Running(cell, folder, process, log, time.monotonic(), env.get("CUDA_VISIBLE_DEVICES"))
+    return _Running(job, folder, process, log, time.monotonic(), env.get("CUDA_VISIBLE_DEVICES"))
 
 
 def _failure_reason(running: _Running) -> str | None:
-    """None when the cell finished, else a short description of what went wrong."""
+    """None when the process ended well, else a short description of what went wrong."""
     code = running.process.returncode
-    if code == 0 and cell_folder.is_finished(running.folder):
-        return None
     if code == 0:
-        return f"the notebook finished without writing {cell_folder.SUMMARY}"
+        return None
     lines = [line.strip() for line in (running.folder / cell_folder.LOG).read_text(errors="replace").splitlines()]
     for line in reversed(lines):
         if line.startswith(FAILURE_PREFIX):
@@ -128,7 +128,7 @@ def run_matrix(
     profile: Profile, root: Path, notebook: Path, cells_filter: str | None = None, jobs: int = 1,
     gpus: list[str] | None = None,
 ) -> RunReport:
-    """Run every selected, unfinished cell, up to `jobs` at once; failures are collected, not raised.
+    """Run every selected, unfinished cell, up to `jobs` processes at once; failures are collected, not raised.
 
     gpus: one CUDA_VISIBLE_DEVICES value per concurrent cell (gpu_slots); it sets the number of jobs.
     """
@@ -137,10 +137,10 @@ def run_matrix(
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     root = Path(root).resolve()
     notebook = existing_notebook(root / notebook, "cells")
-    pending, report = pending_cells(profile, root, cells_filter)
+    pending, report = pending_jobs(profile, root, cells_filter)
     free_slots: list[str | None] = list(gpus) if gpus else [None] * jobs
     running: list[_Running] = []
-    bar = progress_bar(profile, report, len(pending))
+    bar = progress_bar(profile, report, pending)
     try:
         with sigterm_as_interrupt():
             while pending or running:
@@ -152,8 +152,8 @@ def run_matrix(
                     running.remove(item)
                     free_slots.append(item.gpus)
                     item.log.close()
-                    took = f"after {time.monotonic() - item.started:.1f} s"
-                    record(report, bar, item.cell.name, item.folder, _failure_reason(item), took)
+                    outcome = outcome_of(item.job, profile, root, _failure_reason(item))
+                    record(report, bar, item.folder, outcome, f"after {time.monotonic() - item.started:.1f} s")
     finally:
         _stop(running)
         bar.close()

@@ -1,7 +1,10 @@
-"""What the two executors (local.py, slurm.py) share: which cells to run, each cell's spec, the report.
+"""What the two executors (local.py, slurm.py) share: which cells to run, in which jobs, each job's spec,
+the report.
 
 A cell is finished when its folder holds summary.json (experiment/cell_folder.py): finished cells are
-skipped; a folder without it is the leftover of a killed or failed run, cleared and rerun.
+skipped; a folder without it is the leftover of a killed or failed run, cleared and rerun. A job is one
+notebook run: one cell (engine peft), or the unfinished arms of one regime and seed trained side by side
+(engine stacked), whose notebook and log go to outputs/<profile>/groups/<regime>-s<seed>/.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ..experiment import cell_folder
+from ..experiment.config import rank_label
 from ..experiment.profiles import MatrixCell, Profile, cell_config
 
 STOP_GRACE_SECONDS = 10.0  # how long a stopped cell may take to clean up before it is killed
@@ -49,6 +53,24 @@ class RunReport:
         return not self.failed
 
 
+@dataclass(frozen=True)
+class Job:
+    """Cells trained in one notebook run."""
+
+    cells: tuple[MatrixCell, ...]
+
+    @property
+    def name(self) -> str:
+        first = self.cells[0]
+        return first.name if len(self.cells) == 1 else f"{first.regime}-s{first.seed}"
+
+    def folder(self, profile: Profile, root: Path) -> Path:
+        """Where the job's executed notebook and log go: the cell's folder, or the group's."""
+        if len(self.cells) == 1:
+            return profile.cells_dir(root) / self.cells[0].name
+        return Path(root) / "outputs" / profile.name / "groups" / self.name
+
+
 def select_cells(profile: Profile, cells_filter: str | None) -> list[MatrixCell]:
     """The profile's cells whose names match any of the comma-separated globs (all when None)."""
     cells = profile.cells()
@@ -64,8 +86,11 @@ def select_cells(profile: Profile, cells_filter: str | None) -> list[MatrixCell]
     return selected
 
 
-def pending_cells(profile: Profile, root: Path, cells_filter: str | None) -> tuple[list[MatrixCell], RunReport]:
-    """The selected cells still to run, and a report that lists the finished ones as skipped."""
+def pending_jobs(profile: Profile, root: Path, cells_filter: str | None) -> tuple[list[Job], RunReport]:
+    """The selected, unfinished cells in jobs, and a report that lists the finished ones as skipped.
+
+    With engine stacked, the unfinished arms of one regime and seed form one job; otherwise each cell does.
+    """
     report, pending = RunReport(), []
     for cell in select_cells(profile, cells_filter):
         if cell_folder.is_finished(profile.cells_dir(root) / cell.name):
@@ -74,50 +99,82 @@ def pending_cells(profile: Profile, root: Path, cells_filter: str | None) -> tup
             pending.append(cell)
     if report.skipped:
         tqdm.write(f"{len(report.skipped)} finished cell(s) skipped", file=sys.stderr)
-    return pending, report
+    if profile.cell["engine"] != "stacked":
+        return [Job((cell,)) for cell in pending], report
+    groups: dict[tuple[str, int], list[MatrixCell]] = {}
+    for cell in pending:
+        groups.setdefault((cell.regime, cell.seed), []).append(cell)
+    return [Job(tuple(cells)) for cells in groups.values()], report
 
 
 def fresh_folder(folder: Path) -> Path:
-    """An empty cell folder: the leftover of a killed or failed run is cleared."""
+    """An empty folder: the leftover of a killed or failed run is cleared."""
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     return folder
 
 
-def cell_spec(cell: MatrixCell, profile: Profile, root: Path, notebook: Path) -> dict[str, Any]:
-    """What running one cell needs, as plain data (it crosses process and machine boundaries)."""
-    folder = profile.cells_dir(root) / cell.name
-    config = cell_config(profile, cell.regime, cell.rank, cell.seed, learning_rate=cell.learning_rate,
-                         out_dir=folder, root=root)
+def prepare(job: Job, profile: Profile, root: Path) -> Path:
+    """Clear the leftovers of the job's cells and return its (fresh) folder."""
+    for cell in job.cells:
+        fresh_folder(profile.cells_dir(root) / cell.name)
+    return fresh_folder(job.folder(profile, root))
+
+
+def base_answers_dir(profile: Profile, root: Path) -> Path:
+    """Where the base model's evaluations of a profile are kept (computed once per world, reused by every cell)."""
+    return Path(root) / "outputs" / profile.name / "baseline"
+
+
+def job_spec(job: Job, profile: Profile, root: Path, notebook: Path) -> dict[str, Any]:
+    """What running one job needs, as plain data (it crosses process and machine boundaries)."""
+    first = job.cells[0]
+    config = cell_config(profile, first.regime, first.rank, first.seed, learning_rate=first.learning_rate, root=root)
+    # Every value explicit, so the executed notebook shows them: the shared settings, each arm's rank and rate.
+    shared = {k: v for k, v in config.to_parameters().items() if k not in ("rank", "learning_rate", "out_dir")}
+    ranks = [rank_label(cell.rank) for cell in job.cells]
+    rates = [cell.learning_rate for cell in job.cells]
     return {
-        "name": cell.name,
+        "name": job.name,
         "notebook": str(notebook),
-        "output": str(folder / cell_folder.NOTEBOOK),
-        # Every value explicit, so the executed notebook shows them; the profile (by path) fills nothing.
-        "parameters": config.to_parameters() | {"profile": str(profile.path)},
+        "output": str(job.folder(profile, root) / cell_folder.NOTEBOOK),
+        "parameters": shared | {
+            "profile": str(profile.path), "rank": ranks[0] if len(ranks) == 1 else ranks,
+            "learning_rate": rates[0] if len(rates) == 1 else rates,
+            "cells_dir": str(profile.cells_dir(root)), "base_answers": str(base_answers_dir(profile, root)),
+        },
         "cwd": str(root),
     }
 
 
-def progress_bar(profile: Profile, report: RunReport, pending: int) -> tqdm:
+def outcome_of(job: Job, profile: Profile, root: Path, reason: str | None) -> dict[str, str | None]:
+    """Each cell of an ended job and why it did not finish (None: it did)."""
+    return {cell.name: None if cell_folder.is_finished(profile.cells_dir(root) / cell.name)
+            else reason or f"the notebook finished without writing {cell_folder.SUMMARY}" for cell in job.cells}
+
+
+def progress_bar(profile: Profile, report: RunReport, jobs: list[Job]) -> tqdm:
     """A bar over every selected cell, the skipped ones counted as done."""
-    return tqdm(total=len(report.skipped) + pending, initial=len(report.skipped), desc=profile.name, unit="cell",
-                file=sys.stderr, dynamic_ncols=True)
+    total = len(report.skipped) + sum(len(job.cells) for job in jobs)
+    return tqdm(total=total, initial=len(report.skipped), desc=profile.name, unit="cell", file=sys.stderr,
+                dynamic_ncols=True)
 
 
-def record(report: RunReport, bar: tqdm, name: str, folder: Path, reason: str | None, took: str) -> None:
-    """Add a cell that ended to the report (reason None: it finished) and print its one-line outcome."""
-    if reason is None:
-        report.finished.append(name)
-        message = f"{name}: done {took}"
-    else:
-        failure = CellFailure(name, reason, folder / cell_folder.NOTEBOOK, folder / cell_folder.LOG)
-        report.failed.append(failure)
-        message = f"{name}: FAILED {took}: {reason} (log: {failure.log})"
-    bar.set_postfix(done=len(report.finished), failed=len(report.failed), skipped=len(report.skipped), refresh=False)
-    bar.update(1)
-    tqdm.write(message, file=sys.stderr)
+def record(report: RunReport, bar: tqdm, folder: Path, outcome: dict[str, str | None], took: str) -> None:
+    """Add the cells of an ended job to the report (reason None: finished) and print their outcome."""
+    for name, reason in outcome.items():
+        if reason is None:
+            report.finished.append(name)
+            message = f"{name}: done {took}"
+        else:
+            failure = CellFailure(name, reason, folder / cell_folder.NOTEBOOK, folder / cell_folder.LOG)
+            report.failed.append(failure)
+            message = f"{name}: FAILED {took}: {reason} (log: {failure.log})"
+        bar.set_postfix(done=len(report.finished), failed=len(report.failed), skipped=len(report.skipped),
+                        refresh=False)
+        bar.update(1)
+        tqdm.write(message, file=sys.stderr)
 
 
 def cpu_count() -> int:

@@ -37,14 +37,16 @@ from submitit.local.local import LocalJob
 from tqdm import tqdm
 
 from ..experiment import cell_folder
-from ..experiment.profiles import MatrixCell, Profile
+from ..experiment.profiles import Profile
 from .matrix import (
     STOP_GRACE_SECONDS,
+    Job,
     RunReport,
-    cell_spec,
     cpu_count,
-    fresh_folder,
-    pending_cells,
+    job_spec,
+    outcome_of,
+    pending_jobs,
+    prepare,
     progress_bar,
     record,
     sigterm_as_interrupt,
@@ -124,18 +126,15 @@ def _also_logged_to(log: IO[str]) -> Iterator[None]:
 
 
 def run_cell_job(spec: dict[str, Any]) -> str:
-    """Job entry (runs inside a submitit job): execute one cell's notebook; returns the cell name.
+    """Job entry (runs inside a submitit job): execute one job's notebook; returns the job's name.
 
-    spec: a cell spec (run/matrix.py) plus the CPU threads to use. A cell already finished (e.g. a
-    requeued job) is left alone. A failing notebook raises RuntimeError, so submitit records the job as
-    failed; its log is the cell's run.log (and the submitit job log).
+    spec: a job spec (run/matrix.py) plus the CPU threads to use. The runner cleared the job's folders
+    when it submitted it. A failing notebook raises RuntimeError, so submitit records the job as failed;
+    its log is the job's run.log (and the submitit job log).
     """
     name = spec["name"]
-    folder = Path(spec["parameters"]["out_dir"])
-    if cell_folder.is_finished(folder):
-        print(f"{name}: already finished; left alone", flush=True)
-        return name
-    fresh_folder(folder)
+    folder = Path(spec["output"]).parent
+    folder.mkdir(parents=True, exist_ok=True)
     threads = os.environ.get("SLURM_CPUS_PER_TASK") or str(spec["threads"])
     os.environ.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false")
     with open(folder / cell_folder.LOG, "a") as log, _also_logged_to(log):
@@ -144,7 +143,7 @@ def run_cell_job(spec: dict[str, Any]) -> str:
         failure = execute_cell(spec)
         if failure is not None:
             error = " | ".join(line.strip() for line in failure.error.splitlines() if line.strip())  # one line
-            raise RuntimeError(f"cell {name}: the notebook failed: {error} (executed notebook: {failure.output})")
+            raise RuntimeError(f"job {name}: the notebook failed: {error} (executed notebook: {failure.output})")
     return name
 
 
@@ -156,18 +155,18 @@ def _exception_line(text: str) -> str:
     return lines[-1] if lines else text.strip()[:300]
 
 
-def _failure_reason(job: submitit.Job, folder: Path) -> str | None:
-    """None when the cell finished, else a short description of what went wrong (like runner's)."""
+def _failure_reason(job: submitit.Job) -> str | None:
+    """None when the job ended well, else a short description of what went wrong (like the local runner's)."""
     exception = job.exception()
     if exception is None:
-        return None if cell_folder.is_finished(folder) else f"the notebook finished without writing {cell_folder.SUMMARY}"
+        return None
     if isinstance(exception, FailedJobError):
         return _exception_line(str(exception))
     # no result at all: killed, cancelled, timed out, out of memory, node failure
     return f"job {job.job_id} ended without a result (state {job.state}); submitit log: {job.paths.stderr}"
 
 
-def _cancel(jobs: list[tuple[MatrixCell, submitit.Job]]) -> None:
+def _cancel(jobs: list[tuple[Job, submitit.Job]]) -> None:
     """Cancel the jobs not done yet; wait (briefly) for local ones to be gone, so a rerun starts clean."""
     pending = [job for _, job in jobs if not job.done()]
     for job in pending:
@@ -195,30 +194,30 @@ def submit_matrix(
     """
     root = Path(root).resolve()
     notebook = existing_notebook(root / notebook, "cells")
-    pending, report = pending_cells(profile, root, cells_filter)
+    pending, report = pending_jobs(profile, root, cells_filter)
     if not pending:
         return report
-    for cell in pending:
-        fresh_folder(profile.cells_dir(root) / cell.name)  # before submitting: no job sees a leftover
+    folders = [prepare(job, profile, root) for job in pending]  # before submitting: no job sees a leftover
     threads = executor.parameters.get("cpus_per_task") or max(1, cpu_count() // len(pending))
-    specs = [cell_spec(cell, profile, root, notebook) | {"threads": threads} for cell in pending]
-    jobs: list[tuple[MatrixCell, submitit.Job]] = []
-    bar = progress_bar(profile, report, len(pending))
+    specs = [job_spec(job, profile, root, notebook) | {"threads": threads} for job in pending]
+    jobs: list[tuple[Job, submitit.Job]] = []
+    bar = progress_bar(profile, report, pending)
     try:
         with sigterm_as_interrupt():
             jobs = list(zip(pending, executor.map_array(run_cell_job, specs)))
-            tqdm.write(f"submitted {len(jobs)} cell(s) to {executor.folder}:", file=sys.stderr)
-            for cell, job in jobs:
-                tqdm.write(f"  {cell.name}: job {job.job_id}", file=sys.stderr)
+            tqdm.write(f"submitted {len(jobs)} job(s) to {executor.folder}:", file=sys.stderr)
+            for job, submitted in jobs:
+                tqdm.write(f"  {job.name}: job {submitted.job_id}", file=sys.stderr)
             started = time.monotonic()
-            waiting = list(jobs)
+            waiting = list(zip(jobs, folders))
             while waiting:
                 time.sleep(poll_seconds)
-                for cell, job in [item for item in waiting if item[1].done()]:
-                    waiting.remove((cell, job))
-                    folder = profile.cells_dir(root) / cell.name
-                    took = f"after {time.monotonic() - started:.1f} s (job {job.job_id})"
-                    record(report, bar, cell.name, folder, _failure_reason(job, folder), took)
+                for item in [item for item in waiting if item[0][1].done()]:
+                    waiting.remove(item)
+                    (job, submitted), folder = item
+                    outcome = outcome_of(job, profile, root, _failure_reason(submitted))
+                    record(report, bar, folder, outcome,
+                           f"after {time.monotonic() - started:.1f} s (job {submitted.job_id})")
     except BaseException:
         _cancel(jobs)
         raise

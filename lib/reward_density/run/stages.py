@@ -5,6 +5,7 @@ to an executor (local.py or slurm.py).
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,15 @@ from typing import Any
 import submitit
 
 from ..experiment.profiles import Profile, resolve_world_entry
+from ..experiment.provenance import fingerprint, write_json_atomic
 from .local import run_matrix
-from .matrix import RunReport
+from .matrix import RunReport, base_answers_dir
 from .notebooks import execute_notebook, existing_notebook
 from .slurm import submit_matrix
 
 STAGES = ("world", "baseline", "cells", "analysis")
+BASELINE_KEY = "key.json"  # what the baseline folder measured: the world's fingerprints and the settings
+BASELINE_BATCH = 64  # problems per sampling batch of the capability baseline (each with max(ks) samples)
 
 
 def run_stage(notebook: Path, output: Path, parameters: dict[str, Any], root: Path) -> None:
@@ -42,18 +46,25 @@ def stage_world(profile: Profile, root: Path) -> None:
     run_stage(root / "notebooks" / "build_world.py", output, parameters, root)
 
 
+BASELINE_SETTINGS = ("temperature", "top_p", "max_new_tokens", "device", "teacher_device", "precision")
+
+
 def stage_baseline(profile: Profile, root: Path) -> None:
-    """Student vs teacher capability (paper Table 2), once per profile: skipped when its table exists."""
-    out = root / "outputs" / profile.name / "baseline"
-    if (out / "capability.csv").exists():
-        print(f"baseline: {out / 'capability.csv'} exists; skipped", file=sys.stderr)
-        return
+    """Student vs teacher capability (paper Table 2) and the base's greedy evaluations, once per world: skipped
+    when the baseline folder holds the key of this world and these settings (a rebuilt world is measured anew)."""
+    out = base_answers_dir(profile, root)
     world = {k: resolve_world_entry(v, root) for k, v in profile.world.items() if k != "prm"}
-    settings = {k: profile.cell[k] for k in ("temperature", "top_p", "max_new_tokens", "device", "teacher_device",
-                                             "precision")}
-    parameters = {**world, **settings, **profile.data, "out_dir": str(out)}
+    settings = {k: profile.cell[k] for k in BASELINE_SETTINGS}
+    key = {"world": {k: fingerprint(v) for k, v in world.items()}, "settings": settings, "data": profile.data,
+           "cell": profile.cell, "regimes": list(profile.matrix.regimes)}
+    if (out / BASELINE_KEY).is_file() and json.loads((out / BASELINE_KEY).read_text()) == key:
+        print(f"baseline: {out} measured this world already; skipped", file=sys.stderr)
+        return
+    parameters = {**{k: v for k, v in world.items() if k != "control"}, **settings, **profile.data, "out_dir": str(out),
+                  "profile": str(profile.path), "batch_size": BASELINE_BATCH}
     print(f"baseline: notebooks/capability_baseline.py -> {out}", file=sys.stderr)
     run_stage(root / "notebooks" / "capability_baseline.py", out / "capability_baseline.ipynb", parameters, root)
+    write_json_atomic(out / BASELINE_KEY, key)
 
 
 def stage_cells(
@@ -77,9 +88,12 @@ def stage_cells(
 
 
 def stage_analysis(profile: Profile, root: Path) -> None:
-    """Run the analysis on whatever cells are finished."""
-    output = root / "outputs" / profile.name / "analysis.ipynb"
-    run_stage(root / "notebooks" / "analysis.py", output, analysis_parameters(profile, root), root)
-    print(f"analysis: {output}\nreport: {root / 'outputs' / profile.name / 'report.md'}", file=sys.stderr)
-
-
+    """Run the analysis on whatever cells are finished (a learning-rate sweep's own analysis for a sweep)."""
+    outputs = root / "outputs" / profile.name
+    if profile.matrix.sweeps_rates:
+        notebook, parameters, written = "sweep_analysis.py", {"profile": profile.name, "outputs_dir": str(outputs)}, "sweep.md"
+    else:
+        notebook, parameters, written = "analysis.py", analysis_parameters(profile, root), "report.md"
+    output = outputs / notebook.replace(".py", ".ipynb")
+    run_stage(root / "notebooks" / notebook, output, parameters, root)
+    print(f"analysis: {output}\nreport: {outputs / written}", file=sys.stderr)

@@ -1,6 +1,13 @@
-"""Step-speed benchmark: our grpo_step against TRL's GRPOTrainer on the same tiny model and settings.
+"""Throughput benchmark: samples per CPU-second of our GRPO step against TRL's GRPOTrainer, in one run.
 
-Run as `python -m reward_density.tools.benchmark [--steps N] ... [--out FILE.json]`; see BenchConfig.
+The mini study trains six arms per regime and seed (LoRA ranks 1-16 and FullFT). TRL trains one arm per
+trainer; our stacked engine (grpo/stacked.py) trains the six in one batched pass, and our peft engine one
+at a time like TRL. Each is timed on the same random Qwen3 of the mini student's shape, with the same
+settings (P x G prompts and samples, the completion cap, temperature, top-p, KL beta; TRL's `bnpo` loss
+= our token mean; gradient checkpointing off), one CPU thread, in CPU-seconds (`time.process_time`),
+median over the timed steps after a warmup. A sample is one completion generated and trained on.
+
+    python -m reward_density.tools.benchmark [--steps N] ... [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -11,7 +18,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before any Hugging Face import: 
 import argparse
 import dataclasses
 import json
-import platform
 import random
 import statistics
 import tempfile
@@ -31,32 +37,33 @@ from transformers import PrinterCallback, TrainerCallback
 
 from ..data.problems import Problem
 from ..data.sources import load_causal_lm, load_tokenizer
+from ..experiment.provenance import cpu_model
 from ..grpo.deposits import Deposits
 from ..grpo.loss import LossConfig
 from ..grpo.policy import Policy, PolicyConfig
 from ..grpo.rollout import Rollout
 from ..grpo.sampler import SamplingConfig
-from ..grpo.step import StepConfig, grpo_step
+from ..grpo.stacked import StackedPolicy
+from ..grpo.step import StepConfig, grpo_step, stacked_grpo_step
 from .stand_ins import build_qwen3, build_tokenizer
 
-PHASES = ("step_seconds", "generate_seconds", "reward_seconds", "train_seconds")
-CLI_FIELDS = ("steps", "warmup", "prompts", "generations", "max_new_tokens", "hidden", "layers", "rank")
+CLI_FIELDS = ("steps", "warmup", "prompts", "generations", "max_new_tokens", "hidden", "layers")
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """Benchmark sizes and the GRPO settings both implementations share."""
+    """Benchmark sizes and the GRPO settings all implementations share; the defaults are the mini study's."""
 
-    steps: int = 20
-    warmup: int = 3
-    prompts: int = 1
+    steps: int = 8
+    warmup: int = 2
+    prompts: int = 4
     generations: int = 4
-    max_new_tokens: int = 32
-    hidden: int = 64
-    layers: int = 2
-    rank: int = 1
+    max_new_tokens: int = 64
+    hidden: int = 128
+    layers: int = 3
+    ranks: tuple[int | None, ...] = (1, 2, 4, 8, 16, None)  # None: FullFT
     temperature: float = 0.7
-    top_p: float = 1.0
+    top_p: float = 0.95
     beta: float = 0.05
     epsilon: float = 0.2
     learning_rate: float = 1e-5
@@ -69,9 +76,20 @@ class BenchConfig:
             raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={self.steps}, warmup={self.warmup}")
 
     @property
-    def arms(self) -> dict[str, int | None]:
-        """Arm name -> LoRA rank (None: full fine-tuning)."""
-        return {f"LoRA r={self.rank}": self.rank, "FullFT": None}
+    def samples_per_step(self) -> int:
+        return self.prompts * self.generations
+
+    def step_config(self) -> StepConfig:
+        return StepConfig(
+            group_size=self.generations,
+            sampling=SamplingConfig(self.max_new_tokens, self.temperature, self.top_p),
+            loss=LossConfig(epsilon=self.epsilon, beta=self.beta, kl_estimator="k3", normalisation="token_mean"),
+            max_grad_norm=self.max_grad_norm,
+        )
+
+
+def arm_name(rank: int | None) -> str:
+    return "FullFT" if rank is None else f"LoRA r={rank}"
 
 
 def problem_set(count: int, seed: int) -> list[Problem]:
@@ -107,64 +125,63 @@ def random_reward_func(seed: int) -> Callable[..., list[float]]:
     return random_reward
 
 
-def time_ours(model_dir: Path, config: BenchConfig, rank: int | None) -> list[dict[str, float]]:
-    """Timings of each grpo_step after the warmup, from its metrics rows."""
+def _cpu_seconds(step: Callable[[int], object], config: BenchConfig) -> list[float]:
+    """CPU-seconds of each timed call of step(i), after the warmup calls."""
+    seconds = []
+    for i in range(config.warmup + config.steps):
+        start = time.process_time()
+        step(i)
+        seconds.append(time.process_time() - start)
+    return seconds[config.warmup:]
+
+
+def time_stacked(model_dir: Path, config: BenchConfig) -> list[float]:
+    """CPU-seconds of each stacked step of every arm at once (our engine for the mini world)."""
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(model_dir)
-    policy = Policy(
-        load_causal_lm(model_dir), PolicyConfig(rank=rank, alpha=config.lora_alpha), keep_reference=config.beta > 0
-    )
+    policy = StackedPolicy(load_causal_lm(model_dir), [PolicyConfig(rank=r, alpha=config.lora_alpha)
+                                                        for r in config.ranks], config.seed)
+    optimizer = torch.optim.AdamW([{"params": policy.parameters(a), "lr": config.learning_rate}
+                                   for a in range(policy.n_arms)], weight_decay=0.0)
+    problems, reward, settings = problem_set(config.prompts, config.seed), RandomOutcomeReward(config.seed), config.step_config()
+    return _cpu_seconds(lambda i: stacked_grpo_step(policy, tokenizer, optimizer, problems, reward, settings,
+                                                    seed=config.seed + i), config)
+
+
+def time_single(model_dir: Path, config: BenchConfig, rank: int | None) -> list[float]:
+    """CPU-seconds of each grpo_step of one arm through peft and transformers (our engine for other models)."""
+    torch.manual_seed(config.seed)
+    tokenizer = load_tokenizer(model_dir)
+    policy = Policy(load_causal_lm(model_dir), PolicyConfig(rank=rank, alpha=config.lora_alpha),
+                    keep_reference=config.beta > 0)
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=config.learning_rate, weight_decay=0.0)
-    step_config = StepConfig(
-        group_size=config.generations,
-        sampling=SamplingConfig(config.max_new_tokens, config.temperature, config.top_p),
-        loss=LossConfig(epsilon=config.epsilon, beta=config.beta, kl_estimator="k3", normalisation="token_mean"),
-        max_grad_norm=config.max_grad_norm,
-    )
-    problems, reward = problem_set(config.prompts, config.seed), RandomOutcomeReward(config.seed)
-    rows = [
-        grpo_step(policy, tokenizer, optimizer, problems, reward, step_config, seed=config.seed + i)
-        for i in range(config.warmup + config.steps)
-    ]
-    return [{name: row[name] for name in PHASES} for row in rows[config.warmup:]]
+    problems, reward, settings = problem_set(config.prompts, config.seed), RandomOutcomeReward(config.seed), config.step_config()
+    return _cpu_seconds(lambda i: grpo_step(policy, tokenizer, optimizer, problems, reward, settings,
+                                            seed=config.seed + i), config)
 
 
 class StepTimer(TrainerCallback):
-    """Seconds of each optimizer step, split by the trainer methods wrapped with timed()."""
+    """CPU-seconds of each optimizer step of a trainer."""
 
     def __init__(self) -> None:
-        self.rows: list[dict[str, float]] = []
-        self._phases: dict[str, float] = {}
+        self.seconds: list[float] = []
         self._start = 0.0
 
-    def timed(self, phase: str, method: Callable) -> Callable:
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                self._phases[phase] = self._phases.get(phase, 0.0) + time.perf_counter() - start
-
-        return wrapper
-
     def on_step_begin(self, args, state, control, **kwargs):
-        self._phases, self._start = {}, time.perf_counter()
+        self._start = time.process_time()
 
     def on_step_end(self, args, state, control, **kwargs):
-        step = time.perf_counter() - self._start
-        generate, reward = self._phases.get("generate", 0.0), self._phases.get("reward", 0.0)
-        self.rows.append({"step_seconds": step, "generate_seconds": generate, "reward_seconds": reward,
-                          "train_seconds": step - generate - reward})
+        self.seconds.append(time.process_time() - self._start)
 
 
-def time_trl(model_dir: Path, config: BenchConfig, rank: int | None, workdir: Path) -> list[dict[str, float]]:
-    """Timings of each GRPOTrainer optimizer step after the warmup (train = everything but generate/reward)."""
+def time_trl(model_dir: Path, config: BenchConfig, rank: int | None, workdir: Path) -> list[float]:
+    """CPU-seconds of each GRPOTrainer optimizer step of one arm after the warmup."""
     args = trl.GRPOConfig(
         output_dir=str(workdir),
         use_cpu=True,
         bf16=False,
         gradient_checkpointing=False,  # TRL turns it on by default; our step does not checkpoint
-        per_device_train_batch_size=config.prompts * config.generations,
+        per_device_train_batch_size=config.samples_per_step,
         num_generations=config.generations,
         max_completion_length=config.max_new_tokens,
         temperature=config.temperature,
@@ -197,56 +214,62 @@ def time_trl(model_dir: Path, config: BenchConfig, rank: int | None, workdir: Pa
     trainer.remove_callback(PrinterCallback)  # it would print the end-of-training metrics
     timer = StepTimer()
     trainer.add_callback(timer)
-    trainer._generate = timer.timed("generate", trainer._generate)
-    trainer._calculate_rewards = timer.timed("reward", trainer._calculate_rewards)
     trainer.train()
-    return timer.rows[config.warmup:]
-
-
-def summarise(rows: Sequence[dict[str, float]]) -> dict[str, float | list[float]]:
-    """Median of each phase over the timed steps, plus every step's total."""
-    medians = {name: statistics.median(row[name] for row in rows) for name in PHASES}
-    return {**medians, "all_step_seconds": [row["step_seconds"] for row in rows]}
+    return timer.seconds[config.warmup:]
 
 
 def run_benchmark(config: BenchConfig, workdir: Path) -> dict:
-    """Build the stand-ins in workdir, time both implementations on both arms, return the report."""
+    """Build the stand-in in workdir, time every implementation on every arm, return the report."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run(config, workdir)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(config: BenchConfig, workdir: Path) -> dict:
     tokenizer = build_tokenizer(workdir / "model")
     build_qwen3(len(tokenizer), seed=config.seed, hidden=config.hidden, layers=config.layers).save_pretrained(
         workdir / "model"
     )
-    results = {}
-    for arm, rank in config.arms.items():
-        ours = summarise(time_ours(workdir / "model", config, rank))
-        theirs = summarise(time_trl(workdir / "model", config, rank, workdir / f"trl-{rank}"))
-        ratio = ours["step_seconds"] / theirs["step_seconds"]
-        results[arm] = {"ours": ours, "trl": theirs, "ours_over_trl": ratio}
-    return {"config": dataclasses.asdict(config), "environment": environment(), "results": results}
+    model = workdir / "model"
+    stacked = statistics.median(time_stacked(model, config))
+    single = {arm_name(r): statistics.median(time_single(model, config, r)) for r in config.ranks}
+    trl_seconds = {arm_name(r): statistics.median(time_trl(model, config, r, workdir / f"trl-{r}")) for r in config.ranks}
+    samples = config.samples_per_step * len(config.ranks)  # one step of every arm
+    throughput = {"ours (stacked)": samples / stacked, "ours (peft, one arm at a time)": samples / sum(single.values()),
+                  "TRL GRPOTrainer (one arm at a time)": samples / sum(trl_seconds.values())}
+    return {
+        "config": dataclasses.asdict(config),
+        "environment": environment(),
+        "cpu_seconds_per_step": {"ours (stacked, all arms)": stacked, "ours (peft)": single, "TRL": trl_seconds},
+        "samples_per_cpu_second": throughput,
+        "ours_over_trl": throughput["ours (stacked)"] / throughput["TRL GRPOTrainer (one arm at a time)"],
+    }
 
 
 def environment() -> dict[str, str | int]:
-    """Library versions, device and CPU threads the numbers were taken with."""
+    """Library versions, CPU and threads the numbers were taken with."""
     return {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "trl": trl.__version__,
         "peft": peft.__version__,
-        "device": f"cpu ({platform.processor() or platform.machine()})",
+        "cpu": cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count() or 0,
     }
 
 
 def format_table(report: dict) -> str:
-    """Median seconds per step, per arm and implementation, with our step's split."""
-    lines = [f"{'arm':<10} {'impl':<5} {'step s':>8} {'generate':>9} {'reward':>8} {'train':>8}"]
-    for arm, result in report["results"].items():
-        for impl in ("ours", "trl"):
-            row = result[impl]
-            lines.append(f"{arm:<10} {impl:<5} " + " ".join(
-                f"{row[name]:>{width}.4f}" for name, width in zip(PHASES, (8, 9, 8, 8))
-            ))
-        lines.append(f"{arm:<10} ours/TRL step time: {result['ours_over_trl']:.2f}")
+    """Samples per CPU-second per implementation, CPU-seconds per step per arm, and the ratio."""
+    lines = [f"{'implementation':<40} {'samples / CPU-s':>16}"]
+    lines += [f"{name:<40} {value:>16.1f}" for name, value in report["samples_per_cpu_second"].items()]
+    lines.append(f"ours (stacked) / TRL: {report['ours_over_trl']:.2f}x")
+    seconds = report["cpu_seconds_per_step"]
+    lines.append(f"CPU-s per step: stacked, all arms {seconds['ours (stacked, all arms)']:.3f}; per arm peft / TRL: "
+                 + ", ".join(f"{arm} {seconds['ours (peft)'][arm]:.3f} / {seconds['TRL'][arm]:.3f}" for arm in seconds["TRL"]))
     return "\n".join(lines)
 
 
@@ -265,9 +288,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, Path | N
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name in CLI_FIELDS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
+    parser.add_argument("--ranks", default=",".join("full" if r is None else str(r) for r in defaults.ranks),
+                        help="comma-separated LoRA ranks, 'full' for FullFT (default: the mini study's arms)")
     parser.add_argument("--out", type=Path, default=None, help="write the report to this JSON file")
     args = vars(parser.parse_args(argv))
     out = args.pop("out")
+    args["ranks"] = tuple(None if r == "full" else int(r) for r in args["ranks"].split(","))
     return dataclasses.replace(defaults, **args), out
 
 
@@ -278,7 +304,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as workdir:
         report = run_benchmark(config, Path(workdir))
     print(f"{report['environment']}\nmedian of {config.steps} steps after {config.warmup} warmup, P={config.prompts} "
-          f"G={config.generations} T={config.max_new_tokens} hidden={config.hidden} layers={config.layers}")
+          f"G={config.generations} T={config.max_new_tokens} hidden={config.hidden} layers={config.layers}, "
+          f"arms {', '.join(arm_name(r) for r in config.ranks)}")
     print(format_table(report))
     if out is not None:
         out.write_text(json.dumps(report, indent=2))

@@ -10,11 +10,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
+import multiprocessing as mp
 import random
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, fields, is_dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -47,32 +50,45 @@ class WorldBuildError(RuntimeError):
     """The world could not be built as specified (e.g. a model missed its accuracy target)."""
 
 
+# The study's task (DESIGN §10): chains of 4-6 single-digit operands. The base works short chains step by
+# step but, on long ones, mostly states an answer straight away, stopping after two operations: RL can
+# teach it to work the long ones too, which the paper's base models show as a pass@k far above pass@1.
+MINI_TASK = TaskConfig(min_digits=1, max_digits=1, min_operands=4, max_operands=6, p_direct=0.8,
+                       direct_min_operands=5)
+# The SFT control's skill, which the base never saw: chains of two-digit operands.
+CONTROL_TASK = TaskConfig(min_digits=2, max_digits=2, min_operands=2, max_operands=3, p_redundant=0.0,
+                          p_wrong_step=0.0, p_ramble=0.0)
+
+
 @dataclass(frozen=True)
 class WorldConfig:
     """Every setting of the world; presets below, overrides from the world-building notebook."""
 
     seed: int = 0
-    task: TaskConfig = field(default_factory=TaskConfig)
+    task: TaskConfig = MINI_TASK
+    control: TaskConfig = CONTROL_TASK  # the SFT control's skill (clean traces of it are its training data)
     n_train: int = 20000
-    n_heldout: int = 100
+    n_dev: int = 500  # selects the world's models and the learning rates; never reported
+    n_heldout: int = 1000  # the study's fixed evaluation set
     vocab_size: int = 300
     student: ModelSpec = ModelSpec(hidden=128, layers=3)
-    student_target: float = 0.3  # greedy held-out pass@1 of the base, as Qwen3-1.7B-Base's 0.375
-    student_tolerance: float = 0.05
-    student_training: SupervisedConfig = SupervisedConfig(batch_size=32, max_steps=3000, eval_every=25)
+    student_target: float = 0.3  # greedy dev pass@1 of the base, as Qwen3-1.7B-Base's 0.375
+    student_tolerance: float = 0.15
+    student_training: SupervisedConfig = SupervisedConfig(batch_size=32, max_steps=750, eval_every=250)
+    selection_problems: int = 200  # the dev problems the pretraining evaluations read (stop and checkpoint choice)
     teacher: ModelSpec = ModelSpec(hidden=128, layers=4)
     teacher_min_accuracy: float = 0.85
-    teacher_stop_accuracy: float = 0.92  # stop pretraining once reached; the minimum is what must hold
-    teacher_training: SupervisedConfig = SupervisedConfig(batch_size=32, max_steps=2500, eval_every=250)
+    teacher_stop_accuracy: float = 0.95  # stop pretraining once reached; the minimum is what must hold
+    teacher_training: SupervisedConfig = SupervisedConfig(batch_size=32, max_steps=1250, eval_every=125)
     prm: ModelSpec = ModelSpec(hidden=128, layers=3)
     # Math-Shepherd fine-tunes a pretrained LM (Mistral-7B); so the PRM is first pretrained on clean traces.
-    prm_pretraining: SupervisedConfig = SupervisedConfig(batch_size=32, max_steps=600, eval_every=600)
+    prm_pretraining: SupervisedConfig = SupervisedConfig(batch_size=32, max_steps=200, eval_every=200)
     prm_vocab_size: int = 300
-    prm_problems: int = 400  # training problems whose sampled solutions get step labels
+    prm_problems: int = 300  # training problems whose sampled solutions get step labels
     prm_heldout_fraction: float = 0.2
     labelling: LabellingConfig = LabellingConfig()
-    prm_training: PRMTrainingConfig = PRMTrainingConfig()
-    eval_max_new_tokens: int = 64  # a clean trace is about 35 tokens
+    prm_training: PRMTrainingConfig = PRMTrainingConfig(steps=300)
+    eval_max_new_tokens: int = 64  # a clean trace is at most about 40 tokens
 
     def __post_init__(self) -> None:
         if not 0 <= self.student_target <= 1 or not 0 <= self.teacher_min_accuracy <= 1:
@@ -82,12 +98,18 @@ class WorldConfig:
         if self.prm_problems > self.n_train:
             raise ValueError(f"prm_problems ({self.prm_problems}) exceeds n_train ({self.n_train})")
 
+    @property
+    def splits(self) -> dict[str, int]:
+        """Split sizes, in the order they are drawn (held-out first: it never changes with n_train)."""
+        return {"heldout": self.n_heldout, "dev": self.n_dev, "train": self.n_train}
+
 
 PRESETS: dict[str, WorldConfig] = {
     "mini": WorldConfig(),
     # Seconds, for tests: nothing reaches a target, so no target is asked for.
     "smoke": WorldConfig(
         n_train=400,
+        n_dev=16,
         n_heldout=16,
         student=ModelSpec(hidden=32, layers=1),
         student_target=0.0,
@@ -140,15 +162,15 @@ def _key(*parts: Any) -> str:
 
 def component_keys(config: WorldConfig) -> dict[str, str]:
     """The key of each component: its own settings plus the keys of what it is built from."""
-    keys = {"problems": _key("problems", config.seed, config.task, config.n_train, config.n_heldout)}
+    keys = {"problems": _key("problems", config.seed, config.task, config.control, config.splits)}
     keys["tokenizer"] = _key("tokenizer", keys["problems"], config.vocab_size)
     keys["student"] = _key(
         "student", keys["tokenizer"], config.seed, config.student, config.student_target,
-        config.student_training, config.eval_max_new_tokens,
+        config.student_training, config.eval_max_new_tokens, config.selection_problems,
     )
     keys["teacher"] = _key(
         "teacher", keys["tokenizer"], config.seed, config.teacher, config.teacher_stop_accuracy,
-        config.teacher_training, config.eval_max_new_tokens,
+        config.teacher_training, config.eval_max_new_tokens, config.selection_problems,
     )
     keys["prm"] = _key(
         "prm", keys["student"], keys["teacher"], config.prm, config.prm_vocab_size, config.prm_pretraining, config.prm_problems,
@@ -170,27 +192,36 @@ class _Context:
     out_dir: Path
     checker: AnswerChecker
 
-    def problems(self, split: str) -> list[Problem]:
-        return read_problems(self.out_dir / "problems" / f"{split}.jsonl")
+    def problems(self, split: str, folder: str = "problems") -> list[Problem]:
+        return read_problems(self.out_dir / folder / f"{split}.jsonl")
 
     @cached_property
-    def expressions(self) -> tuple[list[Expression], list[Expression]]:
-        """The training and held-out expressions, drawn once per build."""
-        return make_splits(self.config.task, self.config.n_train, self.config.n_heldout, self.config.seed)
+    def expressions(self) -> dict[str, list[Expression]]:
+        """The task's splits, drawn once per build."""
+        return make_splits(self.config.task, self.config.splits, self.config.seed)
+
+    @cached_property
+    def control_expressions(self) -> dict[str, list[Expression]]:
+        """The control skill's splits, drawn once per build."""
+        return make_splits(self.config.control, self.config.splits, self.config.seed)
 
 
 def _build_problems(ctx: _Context) -> dict[str, Any]:
-    train, heldout = ctx.expressions
-    for split, expressions in (("train", train), ("heldout", heldout)):
-        problems = [problem_of(e, f"{split}-{i:05d}") for i, e in enumerate(expressions)]
-        extra = [{"expression": e.text, "solution": clean_trace(e)} for e in expressions]
-        write_problems(ctx.out_dir / "problems" / f"{split}.jsonl", problems, extra)
-    return {"train": len(train), "heldout": len(heldout), "example": problem_of(heldout[0], "").prompt + clean_trace(heldout[0])}
+    """problems/ (the task) and control/ (the SFT control's skill): train, dev and heldout splits each."""
+    for folder, splits in (("problems", ctx.expressions), ("control", ctx.control_expressions)):
+        shutil.rmtree(ctx.out_dir / folder, ignore_errors=True)
+        for split, expressions in splits.items():
+            problems = [problem_of(e, f"{split}-{i:05d}") for i, e in enumerate(expressions)]
+            write_problems(ctx.out_dir / folder / f"{split}.jsonl", problems, [{"expression": e.text} for e in expressions])
+    example = ctx.expressions["heldout"][0]
+    control = ctx.control_expressions["heldout"][0]
+    return {**ctx.config.splits, "example": problem_of(example, "").prompt + clean_trace(example),
+            "control_example": problem_of(control, "").prompt + clean_trace(control)}
 
 
 def _training_texts(ctx: _Context, clean: bool) -> tuple[list[str], list[str]]:
     """Prompts and traces of the training split: clean (teacher) or realistic (student)."""
-    train, _ = ctx.expressions
+    train = ctx.expressions["train"]
     rng = random.Random(ctx.config.seed)
     traces = [clean_trace(e) if clean else realistic_trace(rng, e, ctx.config.task) for e in train]
     return [problem_of(e, "").prompt for e in train], traces
@@ -198,7 +229,8 @@ def _training_texts(ctx: _Context, clean: bool) -> tuple[list[str], list[str]]:
 
 def _build_tokenizer(ctx: _Context) -> dict[str, Any]:
     prompts, traces = _training_texts(ctx, clean=False)
-    corpus = [p + t for p, t in zip(prompts, traces)][:5000]
+    control = [problem_of(e, "").prompt + clean_trace(e) for e in ctx.control_expressions["train"][:1000]]
+    corpus = [p + t for p, t in zip(prompts, traces)][:5000] + control
     tokenizer = build_student_tokenizer(corpus, ctx.config.vocab_size)
     tokenizer.save_pretrained(ctx.out_dir / "tokenizer")
     return {"vocab_size": len(tokenizer)}
@@ -210,14 +242,15 @@ def _closest_to(target: float, snapshots: list[tuple[float, dict]]) -> tuple[flo
 
 def _pretrain_lm(ctx: _Context, name: str, spec: ModelSpec, clean: bool, training: SupervisedConfig,
                  stop_at: float, pick: Callable[[list[tuple[float, dict]]], tuple[float, dict]]) -> dict[str, Any]:
-    """Pretrain a fresh Qwen3 on the training traces until held-out greedy pass@1 reaches stop_at."""
+    """Pretrain a fresh Qwen3 on the training traces until dev greedy pass@1 reaches stop_at (selection never
+    looks at the held-out set the study reports on)."""
     tokenizer = load_tokenizer(ctx.out_dir / "tokenizer")
     model = new_qwen3(spec, tokenizer, ctx.config.seed)
-    heldout = ctx.problems("heldout")
+    dev = ctx.problems("dev")[: ctx.config.selection_problems]
     snapshots: list[tuple[float, dict]] = []  # the last two evaluations: (accuracy, weights)
 
     def evaluate(m: torch.nn.Module) -> float:
-        accuracy, _ = greedy_eval(m, tokenizer, heldout, ctx.checker, ctx.config.eval_max_new_tokens, len(heldout))
+        accuracy, _ = greedy_eval(m, tokenizer, dev, ctx.checker, ctx.config.eval_max_new_tokens, len(dev))
         snapshots[:] = snapshots[-1:] + [(accuracy, copy.deepcopy(m.state_dict()))]
         return accuracy
 
@@ -240,14 +273,15 @@ def _pretrain_lm(ctx: _Context, name: str, spec: ModelSpec, clean: bool, trainin
 
 
 def _build_student(ctx: _Context) -> dict[str, Any]:
+    """The base: trained for student_training.max_steps on the realistic traces, the last weights kept."""
     c = ctx.config
-    info = _pretrain_lm(ctx, "student", c.student, False, c.student_training, c.student_target,
-                        pick=lambda snaps: _closest_to(c.student_target, snaps))
+    info = _pretrain_lm(ctx, "student", c.student, False, c.student_training, stop_at=math.inf,
+                        pick=lambda snaps: snaps[-1])
     if abs(info["accuracy"] - c.student_target) > c.student_tolerance:
         raise WorldBuildError(
-            f"student reached greedy pass@1 {info['accuracy']:.3f} after {info['pretrain_steps']} steps, "
-            f"not within {c.student_tolerance} of its target {c.student_target}: "
-            "raise student_training.max_steps or lower eval_every"
+            f"the student's dev greedy pass@1 is {info['accuracy']:.3f} after {info['pretrain_steps']} steps, "
+            f"not within {c.student_tolerance} of its target {c.student_target}: change student_training.max_steps "
+            "or the task's p_direct"
         )
     return info
 
@@ -289,7 +323,9 @@ def _build_prm(ctx: _Context) -> dict[str, Any]:
     prompts, traces = _training_texts(ctx, clean=True)
     texts = [f"{q} " + "\n".join(line + STEP_TAG for line in t.split("\n")) for q, t in zip(prompts, traces)]
     noisy = [s.question + "\n".join(s.steps) for s in labelled]
-    prm_tokenizer = build_prm_tokenizer(texts[:5000] + noisy, c.prm_vocab_size)
+    # The +/- label tokens stand alone after a tag; the corpus must hold them so, or they never become one token.
+    labels = [f"{STEP_TAG} {GOOD_TOKEN} {BAD_TOKEN}"] * 1000
+    prm_tokenizer = build_prm_tokenizer(texts[:5000] + noisy + labels, c.prm_vocab_size)
     backbone = new_mistral(c.prm, prm_tokenizer, c.seed)
     pretrain(backbone, encode_pairs(prm_tokenizer, [""] * len(texts), texts), prm_tokenizer.pad_token_id,
              replace(c.prm_pretraining, seed=c.seed), desc="pretrain PRM backbone")
@@ -333,27 +369,64 @@ def stale_components(config: WorldConfig, out_dir: Path) -> list[str]:
     return [n for n in COMPONENTS if built.get(n, {}).get("key") != keys[n] or not (Path(out_dir) / n).is_dir()]
 
 
+# Built in this order; the components of one stage are independent and built side by side.
+STAGES = (("problems",), ("tokenizer",), ("student", "teacher"), ("prm",))
+IN_PROCESS = ("problems", "tokenizer")  # no model arithmetic: cheap, and the same wherever they run
+
+
+def _build_in_worker(name: str, config: WorldConfig, out_dir: Path) -> tuple[dict[str, Any], float]:
+    """Build one component in a process of its own with one torch thread, so that a world's bits do not
+    depend on how many cores the machine has or on what was built beside it."""
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    with AnswerChecker() as checker:
+        info = BUILDERS[name](_Context(config, out_dir, checker))
+    return info, time.perf_counter() - start
+
+
+def _build_stage(names: list[str], config: WorldConfig, out_dir: Path) -> tuple[dict[str, tuple[dict, float]], list]:
+    """Build the named components of one stage, model components in parallel worker processes: what was
+    built, and the errors of what failed (a failure does not discard its neighbour's work)."""
+    results, errors = {}, []
+    for name in [n for n in names if n in IN_PROCESS]:
+        start = time.perf_counter()
+        with AnswerChecker() as checker:
+            results[name] = BUILDERS[name](_Context(config, out_dir, checker)), time.perf_counter() - start
+    workers = [n for n in names if n not in IN_PROCESS]
+    if workers:
+        with ProcessPoolExecutor(len(workers), mp_context=mp.get_context("spawn")) as pool:
+            futures = {name: pool.submit(_build_in_worker, name, config, out_dir) for name in workers}
+            for name, future in futures.items():
+                try:
+                    results[name] = future.result()
+                except Exception as error:  # reported after the others are recorded
+                    errors.append(error)
+    return results, errors
+
+
 def build_world(config: WorldConfig, out_dir: Path, force: bool = False, log: Callable[[str], None] = print) -> dict:
     """Build what is missing or stale, skip what exists with the same settings; returns the manifest.
 
-    The manifest is rewritten after every component, so a failure keeps everything built before it.
+    The manifest is rewritten after every stage, so a failure keeps everything built before it.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     todo = COMPONENTS if force else stale_components(config, out_dir)
     keys = component_keys(config)
-    record = read_manifest(out_dir)
-    components = {n: v for n, v in record.get("components", {}).items() if n not in todo and n in COMPONENTS}
-    with AnswerChecker() as checker:
-        ctx = _Context(config, out_dir, checker)
-        for name in COMPONENTS:
+    components = {n: v for n, v in read_manifest(out_dir).get("components", {}).items()
+                  if n not in todo and n in COMPONENTS}
+    for stage in STAGES:
+        for name in stage:
             if name not in todo:
                 log(f"[world] {name}: up to date")
-                continue
-            shutil.rmtree(out_dir / name, ignore_errors=True)
-            start = time.perf_counter()
-            info = BUILDERS[name](ctx)
-            components[name] = {"key": keys[name], "seconds": round(time.perf_counter() - start, 1), **info}
+            else:
+                shutil.rmtree(out_dir / name, ignore_errors=True)
+        built, errors = _build_stage([n for n in stage if n in todo], config, out_dir)
+        for name, (info, seconds) in built.items():
+            components[name] = {"key": keys[name], "seconds": round(seconds, 1), **info}
             log(f"[world] {name}: built in {components[name]['seconds']} s")
+        if built:
             write_json_atomic(out_dir / "manifest.json", manifest(config=asdict(config), components=components))
+        if errors:
+            raise errors[0]
     return read_manifest(out_dir)

@@ -21,6 +21,11 @@ class TaskConfig:
     min_digits: int = 1
     max_digits: int = 2
     # Realism of the traces the student is pretrained on (the teacher sees clean traces):
+    # On chains of at least direct_min_operands operands, the answer line alone, no steps: the running
+    # value after two operations, as a model that stops working early states it. The base's habit on long
+    # problems, which RL can unlearn (it works short ones step by step).
+    p_direct: float = 0.0
+    direct_min_operands: int = 2
     p_redundant: float = 0.15  # a line that restates the running value ("So far: 475")
     p_wrong_step: float = 0.1  # one step with an arithmetic slip, carried to a wrong answer
     p_ramble: float = 0.2  # lines written after the answer line (a check, a restatement)
@@ -33,7 +38,7 @@ class TaskConfig:
             raise ValueError(f"need 2 <= min_operands <= max_operands, got {self.min_operands}, {self.max_operands}")
         if not 1 <= self.min_digits <= self.max_digits:
             raise ValueError(f"need 1 <= min_digits <= max_digits, got {self.min_digits}, {self.max_digits}")
-        for name in ("p_redundant", "p_wrong_step", "p_ramble"):
+        for name in ("p_direct", "p_redundant", "p_wrong_step", "p_ramble"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {getattr(self, name)}")
 
@@ -43,7 +48,11 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class Expression:
-    """A left-to-right chain such as 347 + 128 - 95 (no precedence: each step uses the running value)."""
+    """A left-to-right chain such as 7+8-5+3 (no precedence: each step uses the running value).
+
+    Written without spaces: the tokenizer splits digits one by one, and a space before each would double
+    the tokens of a trace for nothing.
+    """
 
     operands: tuple[int, ...]
     operators: tuple[str, ...]
@@ -53,7 +62,7 @@ class Expression:
         parts = [str(self.operands[0])]
         for op, b in zip(self.operators, self.operands[1:]):
             parts += [op, str(b)]
-        return " ".join(parts)
+        return "".join(parts)
 
     def values(self) -> list[int]:
         """The running value after each step."""
@@ -89,8 +98,9 @@ def sample_expression(rng: random.Random, config: TaskConfig) -> Expression:
 
 
 def problem_of(expression: Expression, problem_id: str) -> Problem:
-    """The prompt the policy sees and the bare gold answer."""
-    return Problem(problem_id, PROMPT_TEMPLATE.format(expression=expression.text), str(expression.answer))
+    """The prompt the policy sees, the bare gold answer and the clean trace as a reference solution."""
+    return Problem(problem_id, PROMPT_TEMPLATE.format(expression=expression.text), str(expression.answer),
+                   solution=clean_trace(expression))
 
 
 def clean_trace(expression: Expression) -> str:
@@ -100,7 +110,7 @@ def clean_trace(expression: Expression) -> str:
 
 def _step_lines(expression: Expression, values: list[int]) -> list[str]:
     previous = [expression.operands[0]] + values[:-1]
-    return [f"{a} {op} {b} = {v}" for a, op, b, v in zip(previous, expression.operators, expression.operands[1:], values)]
+    return [f"{a}{op}{b}={v}" for a, op, b, v in zip(previous, expression.operators, expression.operands[1:], values)]
 
 
 def _lines_to_text(lines: list[str]) -> str:
@@ -114,8 +124,10 @@ def _slip(rng: random.Random, value: int) -> int:
 
 
 def realistic_trace(rng: random.Random, expression: Expression, config: TaskConfig) -> str:
-    """A base-model-like trace: sometimes a redundant line, a slip carried forward, or rambling after the answer."""
+    """A base-model-like trace: sometimes the answer alone, a redundant line, a slip carried forward, or rambling."""
     values = expression.values()
+    if len(expression.operands) >= config.direct_min_operands and config.p_direct and rng.random() < config.p_direct:
+        return ANSWER_LINE.format(value=values[min(1, len(values) - 1)])
     if rng.random() < config.p_wrong_step:
         k = rng.randrange(len(values))
         values[k] = _slip(rng, values[k])
@@ -142,18 +154,23 @@ def _ramble(rng: random.Random, expression: Expression, values: list[int]) -> li
     return rng.sample(options, rng.randint(1, len(options)))
 
 
-def make_splits(config: TaskConfig, n_train: int, n_heldout: int, seed: int) -> tuple[list[Expression], list[Expression]]:
-    """Disjoint training and held-out expressions (distinct questions), fixed by seed."""
+def make_splits(config: TaskConfig, sizes: dict[str, int], seed: int) -> dict[str, list[Expression]]:
+    """Disjoint splits of distinct expressions (distinct questions), fixed by seed, drawn in the order given."""
     rng = random.Random(seed)
+    total = sum(sizes.values())
     seen: set[str] = set()
     out: list[Expression] = []
     attempts = 0
-    while len(out) < n_train + n_heldout:
+    while len(out) < total:
         attempts += 1
-        if attempts > 50 * (n_train + n_heldout):
-            raise ValueError(f"the task has too few distinct problems for {n_train} + {n_heldout}; widen it")
+        if attempts > 50 * total:
+            raise ValueError(f"the task has too few distinct problems for {sizes}; widen it")
         expression = sample_expression(rng, config)
         if expression.text not in seen:
             seen.add(expression.text)
             out.append(expression)
-    return out[n_heldout:], out[:n_heldout]
+    splits, start = {}, 0
+    for name, size in sizes.items():
+        splits[name] = out[start : start + size]
+        start += size
+    return splits

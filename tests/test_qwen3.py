@@ -6,7 +6,7 @@ from transformers import MistralConfig, MistralForCausalLM
 
 from reward_density.data.problems import Problem
 from reward_density.grpo import sampler
-from reward_density.grpo.decode import Qwen3Decoder, make_decoder
+from reward_density.grpo.qwen3 import make_decoder, supports
 from reward_density.grpo.logprobs import position_ids_from_mask
 from reward_density.grpo.sampler import SamplingConfig, sample_rollout
 from reward_density.tools.stand_ins import build_qwen3
@@ -107,13 +107,29 @@ def test_other_architectures_and_hooked_models_use_the_transformers_forward(tiny
 
     hooked = build_qwen3(len(tiny_tokenizer), seed=0)
     hooked.lm_head.register_forward_hook(lambda module, inputs, output: output)
-    assert not Qwen3Decoder.supports(hooked), "a forward hook would be bypassed"
+    assert not supports(hooked), "a forward hook would be bypassed"
 
 
 def test_dropout_in_training_mode_falls_back(tiny_tokenizer):
     model = get_peft_model(build_qwen3(len(tiny_tokenizer), seed=0),
                            LoraConfig(r=2, lora_alpha=32, lora_dropout=0.1, target_modules="all-linear"))
     model.train()
-    assert not Qwen3Decoder.supports(model)
+    assert not supports(model)
     model.eval()
-    assert Qwen3Decoder.supports(model)
+    assert supports(model)
+
+
+def test_a_decoder_that_keeps_some_rows_continues_them_unchanged(tiny_tokenizer):
+    model = build_qwen3(len(tiny_tokenizer), seed=4)
+    ids, mask = _left_padded_batch(len(tiny_tokenizer))
+    positions = position_ids_from_mask(mask)
+    full, kept = (make_decoder(model, 3, ids.shape[1] + 4) for _ in range(2))
+    token = torch.tensor([5, 6, 7])
+    with torch.no_grad():
+        for decoder in (full, kept):
+            decoder.prefill(ids, mask, positions)
+            decoder.extend(token, positions[:, -1:] + 1, torch.ones(3, dtype=torch.bool))
+        kept.keep_rows(torch.tensor([2, 0]))
+        expected = full.extend(token, positions[:, -1:] + 2, torch.ones(3, dtype=torch.bool))[[2, 0]]
+        got = kept.extend(token[[2, 0]], (positions[:, -1:] + 2)[[2, 0]], torch.ones(2, dtype=torch.bool))
+    torch.testing.assert_close(got, expected)

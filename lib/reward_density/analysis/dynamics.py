@@ -1,0 +1,85 @@
+"""Training dynamics: did each arm reach a plateau, and when did the process reward collapse?
+
+Plateau (DESIGN §10): the share of an arm's total gain (final minus base, mean over seeds) made in the
+last quarter of its steps, read off the evaluation nearest to 75% of the steps; at most 10% counts as a
+plateau. Collapse (paper §5.3: advantage-std peak at step 28, length saturation at 70, pass@1 collapse at
+79): per regime, the mean over its cells of the step where the advantage std peaks and of the step where
+the completion length peaks, and the first evaluation after the pass@1 peak (mean over cells) at which
+pass@1 falls back below the base.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .load import Cells, arms, regimes
+from .tables import Table, markdown_table
+
+PLATEAU_SHARE = 0.10  # at most this share of the total gain in the last quarter counts as a plateau
+LAST_QUARTER = 0.75
+
+
+def _curve(cells: Cells, regime: str, arm: str) -> pd.Series:
+    """Mean pass@1 over seeds at each evaluation step of one arm."""
+    evals = cells.evals[(cells.evals["regime"] == regime) & (cells.evals["arm"] == arm)]
+    return evals.groupby("step")["pass1"].mean().sort_index()
+
+
+def plateau_table(cells: Cells) -> Table:
+    """Per regime and arm: base, pass@1 at 75% of the steps and at the end, and the share of the gain made last."""
+    rows = []
+    for regime in regimes(cells):
+        for arm in arms(cells):
+            curve = _curve(cells, regime, arm)
+            if len(curve) < 2 or 0 not in curve.index:
+                continue
+            final_step = curve.index.max()
+            quarter = curve.index[np.abs(curve.index - LAST_QUARTER * final_step).argmin()]
+            base, at_quarter, final = curve[0], curve[quarter], curve[final_step]
+            gain = final - base
+            share = (final - at_quarter) / gain if gain > 0 else float("nan")
+            rows.append({"regime": regime, "arm": arm, "base": base, "step_75": int(quarter), "pass1_75": at_quarter,
+                         "final_step": int(final_step), "final": final, "gain": gain, "last_quarter_share": share,
+                         "plateau": bool(gain > 0 and share <= PLATEAU_SHARE)})
+    frame = pd.DataFrame(rows, columns=["regime", "arm", "base", "step_75", "pass1_75", "final_step", "final", "gain",
+                                        "last_quarter_share", "plateau"])
+    lines = [[r.regime, r.arm, f"{r.base:.3f}", f"{r.pass1_75:.3f} (step {r.step_75})", f"{r.final:.3f}",
+              f"{r.gain:+.3f}", "–" if np.isnan(r.last_quarter_share) else f"{r.last_quarter_share:.0%}",
+              "yes" if r.plateau else "no"] for r in frame.itertuples()]
+    header = ["regime", "arm", "base", "pass@1 at 75% of steps", "final", "gain", "share of gain in last 25%",
+              f"plateau (≤ {PLATEAU_SHARE:.0%})"]
+    return Table(frame, markdown_table(header, lines) if lines else "No evaluated cell.\n")
+
+
+def collapse_table(cells: Cells) -> Table:
+    """Per regime: mean step of the advantage-std peak and of the length peak, and the pass@1 collapse step."""
+    rows = []
+    for regime in regimes(cells):
+        history = cells.history[cells.history["regime"] == regime]
+        if history.empty or "advantage_std" not in history or history["advantage_std"].isna().all():  # SFT
+            continue
+        per_cell = history.groupby("cell")
+        advantage_peak = per_cell.apply(lambda h: h.loc[h["advantage_std"].idxmax(), "step"]).mean()
+        length_peak = (per_cell.apply(lambda h: h.loc[h["len_mean"].idxmax(), "step"]).mean()
+                       if "len_mean" in history else float("nan"))
+        curve = cells.evals[cells.evals["regime"] == regime].groupby("step")["pass1"].mean().sort_index()
+        peak_step = curve.idxmax()
+        after = curve[(curve.index > peak_step) & (curve < curve.get(0, np.nan))]
+        rows.append({"regime": regime, "advantage_std_peak_step": advantage_peak, "length_peak_step": length_peak,
+                     "pass1_peak_step": int(peak_step), "pass1_peak": curve[peak_step],
+                     "collapse_step": float(after.index[0]) if len(after) else float("nan"),
+                     "final_frac_truncated": history.loc[history["step"] == history["step"].max(), "frac_truncated"].mean()
+                     if "frac_truncated" in history else float("nan")})
+    frame = pd.DataFrame(rows, columns=["regime", "advantage_std_peak_step", "length_peak_step", "pass1_peak_step",
+                                        "pass1_peak", "collapse_step", "final_frac_truncated"])
+    lines = [[r.regime, f"{r.advantage_std_peak_step:.0f}", _step(r.length_peak_step),
+              f"{r.pass1_peak:.3f} (step {r.pass1_peak_step})",
+              "none" if np.isnan(r.collapse_step) else f"{r.collapse_step:.0f}", f"{r.final_frac_truncated:.2f}"]
+             for r in frame.itertuples()]
+    header = ["regime", "advantage-std peak (step)", "length peak (step)", "pass@1 peak", "collapse below base (step)",
+              "truncated at the end"]
+    return Table(frame, markdown_table(header, lines) if lines else "No RL cell.\n")
+
+
+def _step(value: float) -> str:
+    return "–" if np.isnan(value) else f"{value:.0f}"

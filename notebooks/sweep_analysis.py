@@ -1,0 +1,39 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Learning-rate sweep: each arm's own rate, per regime
+#
+# A study that compares LoRA with full fine-tuning at one shared learning rate compares learning rates as
+# much as ranks: each arm trains best at its own ("LoRA Without Regret" puts LoRA's near 10x FullFT's).
+# This notebook reads a sweep profile's cells (several rates per arm, on the world's dev problems and seeds
+# the study does not use) and picks, per regime, the FullFT rate and the LoRA rate (one for all ranks: the
+# best mean over them) with the best final greedy pass@1. The study's profile takes them from here.
+
+# %% tags=["parameters"]
+profile = "mini_sweep"
+outputs_dir = "outputs/mini_sweep"
+
+# %%
+from IPython.display import Markdown, display
+
+from reward_density.analysis import load, sweep
+from reward_density.experiment.profiles import REPO_ROOT
+
+report_dir = REPO_ROOT / outputs_dir
+cells = load.load_cells(report_dir)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(sweep.chosen_rates(cells).markdown)
+
+# %%
+path = sweep.write_sweep_report(cells, report_dir, profile)
+display(Markdown(path.read_text()))

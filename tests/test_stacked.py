@@ -1,0 +1,131 @@
+"""The stacked engine is the peft Policy, arm by arm: same log-probs, same step, same updated weights."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from reward_density.data.problems import Problem
+from reward_density.grpo import logprobs as single
+from reward_density.grpo.deposits import Deposits
+from reward_density.grpo.loss import LossConfig
+from reward_density.grpo.policy import Policy, PolicyConfig
+from reward_density.grpo.sampler import SamplingConfig, sample_rollout
+from reward_density.grpo.stacked import StackedPolicy, check_stackable, completion_logprobs
+from reward_density.grpo.step import StepConfig, grpo_step, stacked_grpo_step
+from reward_density.tools.stand_ins import build_qwen3
+
+PROBLEMS = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\nStep 1:", "41")]
+CONFIGS = [PolicyConfig(rank=1), PolicyConfig(rank=4, alpha=8), PolicyConfig(rank=None)]
+SEED = 3
+
+
+def sparse_reward(rollout) -> Deposits:
+    """A deterministic outcome-shaped reward: on the last token, the completion's length mod 3."""
+    mask = rollout.completion_mask.bool()
+    last = mask.sum(-1) - 1
+    rewards = torch.zeros(mask.shape)
+    rewards[torch.arange(mask.shape[0]), last] = (last % 3).float()
+    return Deposits(rewards, torch.zeros_like(mask).index_put_((torch.arange(mask.shape[0]), last), torch.tensor(True)),
+                    rewards.sum(-1))
+
+
+def dense_reward(rollout) -> Deposits:
+    """A deterministic distillation-shaped reward: on every token, its id mod 5."""
+    mask = rollout.completion_mask.bool()
+    rewards = (rollout.completion_ids % 5).float() * mask
+    return Deposits(rewards, mask.clone(), rewards.sum(-1))
+
+
+def policies(model, configs=CONFIGS) -> list[Policy]:
+    """Each arm's own peft Policy, initialised as make_policy does (seed, then build)."""
+    built = []
+    for config in configs:
+        torch.manual_seed(SEED)
+        built.append(Policy(copy.deepcopy(model), config, keep_reference=True))
+    return built
+
+
+@pytest.fixture
+def model(tiny_tokenizer):
+    return build_qwen3(len(tiny_tokenizer), seed=0)
+
+
+def paired_parameters(stacked: StackedPolicy, arm: int, policy: Policy) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(name, stacked parameter, peft policy parameter) for every trainable parameter of one arm."""
+    theirs = {name.removeprefix("base_model.model.").removesuffix(".default.weight"): p
+              for name, p in policy.model.named_parameters() if p.requires_grad}
+    ours = stacked.named_parameters(arm)
+    assert set(ours) == set(theirs), f"parameter names differ: {sorted(set(ours) ^ set(theirs))[:6]}"
+    return [(name, ours[name], theirs[name]) for name in ours]
+
+
+def perturbed(stacked: StackedPolicy, arms: list[Policy]) -> None:
+    """Move every arm off the base, identically in both forms, so the arms differ from each other."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for a, policy in enumerate(arms):
+            for _, ours, theirs in paired_parameters(stacked, a, policy):
+                torch.testing.assert_close(ours, theirs, msg="the two forms start from different weights")
+                noise = 0.05 * torch.randn(ours.shape, generator=generator)
+                ours.add_(noise)
+                theirs.add_(noise)
+
+
+def test_each_arms_log_probs_are_its_peft_policys(model, tiny_tokenizer):
+    stacked, arms = StackedPolicy(copy.deepcopy(model), CONFIGS, SEED), policies(model)
+    perturbed(stacked, arms)
+    sampling = SamplingConfig(12, temperature=1.0)
+    with torch.no_grad():
+        rollout = sample_rollout(stacked.weights(), tiny_tokenizer, PROBLEMS, 3, sampling, seed=5)
+        ours = completion_logprobs(stacked.weights(), rollout, 0.7)
+        reference = stacked.reference_logprobs(rollout, 0.7)
+    n = rollout.num_completions // len(CONFIGS)
+    assert n == len(PROBLEMS) * 3
+    for a, policy in enumerate(arms):
+        share = rollout.rows(a * n, (a + 1) * n)
+        with torch.no_grad():
+            theirs = single.completion_logprobs(policy.model, share.prompt_ids, share.prompt_mask, share.completion_ids,
+                                                share.completion_mask, 0.7)
+            torch.testing.assert_close(ours[a * n:(a + 1) * n], theirs, atol=2e-5, rtol=1e-4,
+                                       msg=f"arm {CONFIGS[a]}: stacked log-probs differ from its peft policy")
+            torch.testing.assert_close(reference[a * n:(a + 1) * n], policy.reference_logprobs(share, 0.7),
+                                       atol=2e-5, rtol=1e-4, msg=f"arm {CONFIGS[a]}: reference differs")
+
+
+def test_an_arm_samples_what_its_policy_samples_alone(model, tiny_tokenizer):
+    stacked, arms = StackedPolicy(copy.deepcopy(model), CONFIGS, SEED), policies(model)
+    sampling = SamplingConfig(10, temperature=0.9, top_p=0.95)
+    with torch.no_grad():
+        together = sample_rollout(stacked.weights(), tiny_tokenizer, PROBLEMS, 2, sampling, seed=11)
+        alone = sample_rollout(arms[0].model, tiny_tokenizer, PROBLEMS, 2, sampling, seed=11)
+    n = alone.num_completions
+    for a in range(len(CONFIGS)):  # at initialisation every arm is the base, so all draw alike
+        assert together.completions[a * n:(a + 1) * n] == alone.completions
+
+
+@pytest.mark.parametrize("reward", [sparse_reward, dense_reward], ids=["sparse", "dense"])
+def test_one_stacked_step_is_each_arms_own_grpo_step(model, tiny_tokenizer, reward):
+    config = StepConfig(group_size=3, sampling=SamplingConfig(10, temperature=0.9),
+                        loss=LossConfig(beta=0.05, kl_estimator="k3"), max_grad_norm=0.5)
+    rates = [3e-3, 1e-3, 1e-4]
+    stacked, arms = StackedPolicy(copy.deepcopy(model), CONFIGS, SEED), policies(model)
+    optimizer = torch.optim.AdamW([{"params": stacked.parameters(a), "lr": lr} for a, lr in enumerate(rates)],
+                                  weight_decay=0.01)
+    rows = stacked_grpo_step(stacked, tiny_tokenizer, optimizer, PROBLEMS, reward, config, seed=7)
+    for a, (policy, lr) in enumerate(zip(arms, rates)):
+        own = torch.optim.AdamW(policy.trainable_parameters(), lr=lr, weight_decay=0.01)
+        row = grpo_step(policy, tiny_tokenizer, own, PROBLEMS, reward, config, seed=7)
+        for key in ("loss", "reward_mean", "advantage_std", "kl_ref", "grad_norm", "len_mean"):
+            assert rows[a][key] == pytest.approx(row[key], rel=1e-4, abs=1e-6), f"arm {CONFIGS[a]}: {key}"
+        for name, ours, theirs in paired_parameters(stacked, a, policy):
+            torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5,
+                                       msg=f"arm {CONFIGS[a]}: {name} after the step differs from its own step's")
+    assert all(row["arms"] == len(CONFIGS) for row in rows)
+
+
+def test_only_what_the_stacked_engine_reproduces_is_accepted(model):
+    for bad in (PolicyConfig(rank=2, dropout=0.1), PolicyConfig(rank=2, precision="bf16")):
+        with pytest.raises(ValueError, match="stacked engine"):
+            check_stackable(model, [bad])
