@@ -37,7 +37,7 @@ def test_greedy_eval_scores_each_problem_once_and_matches_its_rows(tiny_tokenize
     assert [r["problem_id"] for r in rows] == [p.problem_id for p in problems]
     assert accuracy == sum(r["correct"] for r in rows) / 5
     assert all(r["verdict"] in {"correct", "wrong", "unparsable", "timeout"} for r in rows)
-    again, rows_again = greedy_eval(model, tiny_tokenizer, problems, checker, max_new_tokens=6, batch_size=5)
+    _, rows_again = greedy_eval(model, tiny_tokenizer, problems, checker, max_new_tokens=6, batch_size=5)
     assert rows_again == rows, "greedy evaluation must not depend on the batch size or on randomness"
 
 

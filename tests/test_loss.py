@@ -83,7 +83,7 @@ def test_loss_and_gradient_equal_float64_reference(estimator, normalisation, bet
 
 
 def test_clipping_really_acts_on_the_random_tensors():
-    logps, old, ref, adv, valid, _ = random_tensors(0)
+    logps, old, _, adv, valid, _ = random_tensors(0)
     out = grpo_loss(logps, old, adv, valid, LossConfig(beta=0.0))
     assert 0 < out.clip_frac < 1, f"clip_frac {out.clip_frac} means the test tensors never exercise clipping"
 

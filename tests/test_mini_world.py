@@ -115,7 +115,7 @@ def test_the_manifest_records_settings_accuracies_sizes_and_commit(world):
     folder, manifest = world
     assert json.loads((folder / "manifest.json").read_text()) == manifest
     components = manifest["components"]
-    assert set(components) == {"problems", "tokenizer", "student", "teacher", "prm"}
+    assert set(components) == {"problems", "control", "tokenizer", "student", "teacher", "prm"}
     for name in ("student", "teacher"):
         assert 0 <= components[name]["accuracy"] <= 1 and components[name]["parameters"] > 0
     assert {"accuracy", "majority_baseline", "steps"} <= set(components["prm"]["heldout"])
@@ -135,7 +135,8 @@ def test_a_built_world_loads_back_through_from_pretrained(world):
     for split, size in world_config("smoke").splits.items():
         assert len(read_problems(folder / "problems" / f"{split}.jsonl")) == size
         control = read_problems(folder / "control" / f"{split}.jsonl")
-        assert len(control) == size and all(p.solution for p in control), "the SFT control learns from solutions"
+        assert all(p.solution for p in control), "the SFT control learns from solutions"
+        assert len(control) == world_config("smoke").control.size ** 2, "every fact of the control's table"
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +185,8 @@ def test_an_up_to_date_world_is_skipped_and_a_changed_setting_rebuilds_only_what
     changed = world_config("smoke", prm_training={"steps": 11})
     assert stale_components(changed, folder) == ["prm"]
     assert component_keys(changed)["student"] == component_keys(world_config("smoke"))["student"]
+    assert stale_components(world_config("smoke", control={"size": 5}), folder) == ["control"], \
+        "the SFT control's table stands alone: changing it must not rebuild the tokenizer or the models"
 
 
 def test_a_new_sampling_version_rebuilds_only_the_prm(world, monkeypatch):
@@ -210,4 +213,4 @@ def test_a_student_that_misses_its_target_stops_the_build_and_keeps_what_was_bui
     with pytest.raises(WorldBuildError, match="not within 0.05 of its target 0.9"):
         build_world(config, tmp_path, log=lambda line: None)
     built = set(json.loads((tmp_path / "manifest.json").read_text())["components"])
-    assert built == {"problems", "tokenizer", "teacher"}, "the teacher, built beside the student, is kept"
+    assert built == {"problems", "control", "tokenizer", "teacher"}, "the teacher, built beside the student, is kept"

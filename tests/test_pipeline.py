@@ -71,3 +71,23 @@ def test_the_analysis_of_the_smoke_study_writes_its_tables_and_report(root):
     assert list(history["step"]) == list(range(1, SMOKE.cell["steps"] + 1))
     assert "process/steps_mean" in history.columns
     assert (outputs / "groups" / "process-s0" / "cell.ipynb").is_file(), "the smoke profile trains its arms stacked"
+
+
+def test_a_rerun_group_reproduces_its_numbers_bit_for_bit(root):
+    cells = root / "outputs/smoke/cells"
+    group = sorted(cells.glob("outcome-*-s0"))
+    if not group or not all((folder / "summary.json").exists() for folder in group):
+        pytest.skip("needs the run of the resume test")
+
+    def numbers(folder: Path) -> dict[str, pd.DataFrame]:  # everything but wall-clock timings
+        frames = {name: pd.read_csv(folder / name) for name in ("history.csv", "evals.csv", "answers.csv")}
+        return {name: f[[c for c in f.columns if "seconds" not in c]] for name, f in frames.items()}
+
+    first = {folder.name: numbers(folder) for folder in group}
+    for folder in group:
+        (folder / "summary.json").unlink()  # unfinished: the runner clears and reruns it
+    assert main(["--profile", "smoke", "--root", str(root), "--stages", "cells", "--cells", "outcome-*-s0"]) == 0
+    for folder in group:
+        for name, frame in numbers(folder).items():
+            pd.testing.assert_frame_equal(frame, first[folder.name][name], check_exact=True,
+                                          obj=f"{folder.name}/{name} on a second run with the same seed")

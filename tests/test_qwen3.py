@@ -6,8 +6,8 @@ from transformers import MistralConfig, MistralForCausalLM
 
 from reward_density.data.problems import Problem
 from reward_density.grpo import sampler
-from reward_density.grpo.qwen3 import make_decoder, supports
 from reward_density.grpo.logprobs import position_ids_from_mask
+from reward_density.grpo.qwen3 import make_decoder, supports
 from reward_density.grpo.sampler import SamplingConfig, sample_rollout
 from reward_density.tools.stand_ins import build_qwen3
 

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from reward_density.data.problems import Problem
-from reward_density.grpo.logprobs import completion_logprobs
 from reward_density.grpo import sampler
+from reward_density.grpo.logprobs import completion_logprobs
 from reward_density.grpo.sampler import SamplingConfig, _pick, sample_rollout
 from reward_density.tools.stand_ins import build_qwen3
 

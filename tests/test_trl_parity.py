@@ -11,7 +11,7 @@ from reward_density.grpo.loss import LossConfig, grpo_loss
 
 TEMPERATURE = 0.7
 COMPLETION_LEN = 6
-# TRL loss type -> our normalisation (DESIGN §4; TRL's dapo equals a token mean over one batch).
+# TRL loss type -> our normalisation (TRL's dapo equals a token mean over one batch).
 NORMALISATIONS = {"grpo": "sequence_mean", "bnpo": "token_mean", "dr_grpo": "constant", "dapo": "token_mean"}
 
 

@@ -1,6 +1,6 @@
 """Training dynamics: did each arm reach a plateau, and when did the process reward collapse?
 
-Plateau (DESIGN §10): the share of an arm's total gain (final minus base, mean over seeds) made in the
+Plateau: the share of an arm's total gain (final minus base, mean over seeds) made in the
 last quarter of its steps, read off the evaluation nearest to 75% of the steps; at most 10% counts as a
 plateau. Collapse (paper §5.3: advantage-std peak at step 28, length saturation at 70, pass@1 collapse at
 79): per regime, the mean over its cells of the step where the advantage std peaks and of the step where
@@ -17,6 +17,21 @@ from .tables import Table, markdown_table
 
 PLATEAU_SHARE = 0.10  # at most this share of the total gain in the last quarter counts as a plateau
 LAST_QUARTER = 0.75
+PLATEAU_REGIMES = ("outcome", "distillation")  # process may collapse; the SFT control is read however far it got
+
+
+def last_quarter_share(curve: pd.Series) -> tuple[int, float]:
+    """The evaluation step nearest 75% of a pass@1 curve's steps (indexed by step, starting at 0), and the
+    share of the total gain (final minus step 0) made after it; nan when there is no gain."""
+    final_step = curve.index.max()
+    quarter = curve.index[np.abs(curve.index - LAST_QUARTER * final_step).argmin()]
+    gain = curve[final_step] - curve[0]
+    return int(quarter), (curve[final_step] - curve[quarter]) / gain if gain > 0 else float("nan")
+
+
+def is_plateau(share: float) -> bool:
+    """Whether a last-quarter share counts as a plateau."""
+    return bool(share <= PLATEAU_SHARE)  # nan (no gain) is never a plateau
 
 
 def _curve(cells: Cells, regime: str, arm: str) -> pd.Series:
@@ -33,14 +48,12 @@ def plateau_table(cells: Cells) -> Table:
             curve = _curve(cells, regime, arm)
             if len(curve) < 2 or 0 not in curve.index:
                 continue
+            quarter, share = last_quarter_share(curve)
             final_step = curve.index.max()
-            quarter = curve.index[np.abs(curve.index - LAST_QUARTER * final_step).argmin()]
             base, at_quarter, final = curve[0], curve[quarter], curve[final_step]
-            gain = final - base
-            share = (final - at_quarter) / gain if gain > 0 else float("nan")
-            rows.append({"regime": regime, "arm": arm, "base": base, "step_75": int(quarter), "pass1_75": at_quarter,
-                         "final_step": int(final_step), "final": final, "gain": gain, "last_quarter_share": share,
-                         "plateau": bool(gain > 0 and share <= PLATEAU_SHARE)})
+            rows.append({"regime": regime, "arm": arm, "base": base, "step_75": quarter, "pass1_75": at_quarter,
+                         "final_step": int(final_step), "final": final, "gain": final - base,
+                         "last_quarter_share": share, "plateau": is_plateau(share)})
     frame = pd.DataFrame(rows, columns=["regime", "arm", "base", "step_75", "pass1_75", "final_step", "final", "gain",
                                         "last_quarter_share", "plateau"])
     lines = [[r.regime, r.arm, f"{r.base:.3f}", f"{r.pass1_75:.3f} (step {r.step_75})", f"{r.final:.3f}",

@@ -63,7 +63,8 @@ def load_cells(outputs_dir: str | Path) -> Cells:
 def _cell_keys(name: str, summary: dict) -> dict:
     """The key columns of one cell, taken from its summary."""
     rank = summary.get("rank")
-    return {"cell": name, "regime": summary["regime"], "rank": rank, "arm": arm_name(rank), "seed": summary["seed"]}
+    return {"cell": name, "regime": summary["regime"], "rank": rank, "arm": arm_name(rank), "seed": summary["seed"],
+            "learning_rate": summary.get("learning_rate")}
 
 
 def _read_csv(path: Path, keys: dict) -> pd.DataFrame:

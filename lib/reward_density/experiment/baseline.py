@@ -48,7 +48,8 @@ def base_eval_key(config: CellConfig) -> str:
     """What a base evaluation depends on: the student's weights, the held-out problems and how they are decoded."""
     folder = Path(config.control if config.regime == SFT else config.problems)
     heldout = config.heldout if config.heldout and config.regime != SFT else folder / f"{config.eval_split}.jsonl"
-    parts = [fingerprint(config.student), fingerprint(heldout), config.regime == SFT, config.eval_problems,
+    count = None if config.regime == SFT else config.eval_problems  # the control is scored on all its facts
+    parts = [fingerprint(config.student), fingerprint(heldout), config.regime == SFT, count,
              config.eval_max_new_tokens, config.eval_batch_size, config.precision, config.prompt_template,
              config.problem_subsets]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]

@@ -66,16 +66,16 @@ class CellInputs:
 
 def load_problem_splits(config: CellConfig, checker: AnswerChecker) -> tuple[list[Problem], list[Problem]]:
     """Training problems and the first eval_problems held-out problems (the same fixed set for every cell);
-    the SFT control's come from the world's control skill."""
+    the SFT control's come from the world's control skill, scored on every fact it teaches."""
     if config.regime == SFT:
         if config.control is None:
             raise ValueError("the sft regime needs the world's control problems (world.control in the profile)")
-        source, heldout = config.control, None  # the control's own folder, whatever the task's held-out set
+        source, heldout, count = config.control, None, None  # the control's own folder and all of its facts
     else:
-        source, heldout = config.problems, config.heldout
+        source, heldout, count = config.problems, config.heldout, config.eval_problems
     subsets = config.problem_subsets
     train = training_problems(source, config.prompt_template, subsets, checker)
-    heldout = heldout_problems(source, heldout, config.prompt_template, subsets, checker, count=config.eval_problems,
+    heldout = heldout_problems(source, heldout, config.prompt_template, subsets, checker, count=count,
                                split=config.eval_split)
     return train, heldout
 
@@ -252,7 +252,8 @@ def train(configs: list[CellConfig], inputs: CellInputs, policy: Policy | Stacke
     pass1 = evaluations(0)
     desc = configs[0].name if len(configs) == 1 else f"{config.regime}-s{config.seed} ({len(configs)} arms)"
     bar = tqdm(range(1, config.steps + 1), desc=desc, disable=not progress)
-    per_step = config.prompts_per_step * (config.group_size if config.regime == SFT else 1)
+    per_step = (config.sft_batch_size or config.prompts_per_step * config.group_size) if config.regime == SFT \
+        else config.prompts_per_step
     problems = batches(inputs.train, per_step, config.seed)
     for step in bar:
         batch = next(problems)

@@ -1,4 +1,4 @@
-"""The files of a cell folder (DESIGN §6); summary.json, written last and atomically, marks a finished cell."""
+"""The files of a cell folder; summary.json, written last and atomically, marks a finished cell."""
 from __future__ import annotations
 
 from pathlib import Path

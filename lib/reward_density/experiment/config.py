@@ -113,10 +113,12 @@ class CellConfig:
     weight_decay: float = setting(0.0, check=non_negative_number, doc="AdamW weight decay")
     lora_alpha: float = setting(32, check=positive_number, doc="LoRA alpha, whatever the rank")
     lora_dropout: float = setting(0.0, check=dropout_number, doc="LoRA dropout")
+    sft_batch_size: int | None = setting(None, check=optional(positive_int),
+                                         doc="solutions per step of the SFT control (unset: P x G)")
 
     # Evaluation: greedy pass@1 on a fixed held-out set.
     eval_every: int = setting(10, check=positive_int, doc="evaluate every this many steps (and at 0 and the end)")
-    eval_problems: int = setting(100, check=positive_int, doc="the first this many held-out problems")
+    eval_problems: int = setting(100, check=positive_int, doc="the first this many held-out problems (the SFT control: all its facts)")
     eval_split: str = setting("heldout", check=one_of("heldout", "dev"),
                               doc="the mini world's split evaluated: heldout (the study) | dev (choosing settings)")
     eval_max_new_tokens: int = setting(1536, check=positive_int, doc="completion cap while evaluating")

@@ -68,6 +68,9 @@ def manifest(device: str | torch.device = "cpu", **extra: Any) -> dict[str, Any]
         "python": platform.python_version(),
         "device": device_description(device),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),  # the GPUs the runner gave this cell
+        # The kernels' instruction set decides the rounding (run_all.sh pins it for cross-CPU reproducibility).
+        "cpu_kernels": {"aten": torch.backends.cpu.get_cpu_capability(), "mkl_cbwr": os.environ.get("MKL_CBWR"),
+                        "onednn_max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"), "threads": torch.get_num_threads()},
         **extra,
     }
 

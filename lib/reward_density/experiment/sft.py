@@ -1,6 +1,6 @@
 """The SFT control: supervised steps on correct traces, for any policy (one arm or stacked arms).
 
-It is the study's positive control (DESIGN §10): on a skill the base lacks and that takes many bits,
+It is the study's positive control: on a skill the base lacks and that takes many bits,
 supervised learning is where a low rank should fall behind full fine-tuning ("LoRA Without Regret").
 It shares everything with the RL cells but the step: the same policies, arms, evaluation and files.
 """

@@ -1,4 +1,4 @@
-"""The reward contract: every reward module returns deposits of the same shape (DESIGN §4)."""
+"""The reward contract: every reward module returns deposits of the same shape."""
 from __future__ import annotations
 
 from collections.abc import Callable

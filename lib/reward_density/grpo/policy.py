@@ -93,7 +93,7 @@ class Policy:
     def sampling(self) -> Iterator[torch.nn.Module]:
         """The model to sample from; an fp32 LoRA adapter is merged into the base weights meanwhile.
 
-        Merged, each linear layer is one matmul per token instead of three (DESIGN §5) in the transformers
+        Merged, each linear layer is one matmul per token instead of three in the transformers
         forward; the Qwen3 sampling decoder (qwen3_decode.py) reads the merged weights as they are. Unmerging
         subtracts B @ A again, which leaves round-off in the frozen base, so the base weights are
         restored exactly from a copy. A bf16 base is not merged: rounding would swallow small updates.

@@ -1,8 +1,8 @@
-"""Numeric precision of a run: fp32 throughout, or bf16 autocast over fp32 trainable weights (DESIGN §5).
+"""Numeric precision of a run: fp32 throughout, or bf16 autocast over fp32 trainable weights.
 
 Under "bf16", forward passes run in bf16 autocast; weights that are never updated (the LoRA base, the
 FullFT reference copy, the teacher, the PRM) are stored in bf16, and every trained weight (LoRA adapters,
-the FullFT master weights) stays fp32 so that small updates are not rounded away (DESIGN §9).
+the FullFT master weights) stays fp32 so that small updates are not rounded away.
 """
 from __future__ import annotations
 

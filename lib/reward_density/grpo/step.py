@@ -60,7 +60,7 @@ def grpo_step(
     config: StepConfig,
     seed: int,
 ) -> dict[str, float]:
-    """Run one GRPO update on P problems x G samples and return its metrics row (DESIGN §4)."""
+    """Run one GRPO update on P problems x G samples and return its metrics row."""
     start = time.perf_counter()
     model = policy.model
     model.eval()
@@ -95,7 +95,7 @@ def grpo_step(
 
 def step_metrics(rollout: Rollout, deposits: Deposits, advantages: torch.Tensor, out: LossOutput,
                  grad_norm: float) -> dict[str, float]:
-    """The metrics row of one policy's step (DESIGN §4): statistics over valid tokens only."""
+    """The metrics row of one policy's step: statistics over valid tokens only."""
     mask = rollout.completion_mask.bool()
     valid = advantages[mask]
     lengths = mask.sum(-1).float()

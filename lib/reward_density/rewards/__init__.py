@@ -20,8 +20,8 @@ def build_reward(regime: str, **parts) -> RewardModule:
     """The reward module of a regime from the parts it needs.
 
     outcome: checker (an AnswerChecker); process: prm_model, prm_tokenizer, student_tokenizer
-    (optionally prm_max_length); distillation: teacher, temperature (optionally micro_batch_size,
-    the rows per teacher forward pass).
+    (optionally prm_max_length); distillation: teacher, temperature. Optionally micro_batch_size, the
+    rows per teacher or PRM forward pass.
     """
     needs = {
         "outcome": ("checker",),
@@ -34,6 +34,7 @@ def build_reward(regime: str, **parts) -> RewardModule:
     if regime == "outcome":
         return OutcomeReward(parts["checker"])
     if regime == "process":
-        scorer = PRMScorer(parts["prm_model"], parts["prm_tokenizer"], max_length=parts.get("prm_max_length"))
+        batch = {"batch_size": parts["micro_batch_size"]} if parts.get("micro_batch_size") else {}
+        scorer = PRMScorer(parts["prm_model"], parts["prm_tokenizer"], max_length=parts.get("prm_max_length"), **batch)
         return ProcessReward(scorer, parts["student_tokenizer"])
     return DistillationReward(parts["teacher"], parts["temperature"], parts.get("micro_batch_size"))

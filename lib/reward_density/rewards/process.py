@@ -42,7 +42,7 @@ class PRMScorer:
         good_token: str = "+",
         bad_token: str = "-",
         max_length: int | None = None,
-        batch_size: int = 8,
+        batch_size: int = 32,
     ) -> None:
         self.model, self.tokenizer, self.step_tag, self.batch_size = model, tokenizer, step_tag, batch_size
         self.tag_id = _tag_token(tokenizer, step_tag)

@@ -4,6 +4,7 @@ Components and what each depends on (a component is rebuilt when its key, a hash
 and of the components it depends on, differs from the one in the manifest):
 
     problems -> tokenizer -> student, teacher -> prm
+    control (the SFT control's facts, on their own)
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from ..experiment.provenance import manifest, write_json_atomic
 from ..grpo.sampler import SAMPLING_VERSION
 from ..rewards.process import PRMScorer
 from .architectures import ModelSpec, n_parameters, new_mistral, new_qwen3
+from .control import ControlConfig, control_splits
 from .pretraining import SupervisedConfig, encode_pairs, pretrain
 from .prm import (
     LabelledSolution,
@@ -50,14 +52,11 @@ class WorldBuildError(RuntimeError):
     """The world could not be built as specified (e.g. a model missed its accuracy target)."""
 
 
-# The study's task (DESIGN §10): chains of 4-6 single-digit operands. The base works short chains step by
+# The study's task: chains of 4-6 single-digit operands. The base works short chains step by
 # step but, on long ones, mostly states an answer straight away, stopping after two operations: RL can
 # teach it to work the long ones too, which the paper's base models show as a pass@k far above pass@1.
 MINI_TASK = TaskConfig(min_digits=1, max_digits=1, min_operands=4, max_operands=6, p_direct=0.8,
                        direct_min_operands=5)
-# The SFT control's skill, which the base never saw: chains of two-digit operands.
-CONTROL_TASK = TaskConfig(min_digits=2, max_digits=2, min_operands=2, max_operands=3, p_redundant=0.0,
-                          p_wrong_step=0.0, p_ramble=0.0)
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ class WorldConfig:
 
     seed: int = 0
     task: TaskConfig = MINI_TASK
-    control: TaskConfig = CONTROL_TASK  # the SFT control's skill (clean traces of it are its training data)
+    control: ControlConfig = ControlConfig()  # the SFT control's skill: 196 facts of a table the base never saw
     n_train: int = 20000
     n_dev: int = 500  # selects the world's models and the learning rates; never reported
     n_heldout: int = 1000  # the study's fixed evaluation set
@@ -125,6 +124,7 @@ PRESETS: dict[str, WorldConfig] = {
         labelling=LabellingConfig(solutions_per_problem=2, rollouts_per_step=2, max_new_tokens=32),
         prm_training=PRMTrainingConfig(batch_size=8, steps=10),
         eval_max_new_tokens=16,
+        control=ControlConfig(size=4),
     ),
 }
 
@@ -162,7 +162,8 @@ def _key(*parts: Any) -> str:
 
 def component_keys(config: WorldConfig) -> dict[str, str]:
     """The key of each component: its own settings plus the keys of what it is built from."""
-    keys = {"problems": _key("problems", config.seed, config.task, config.control, config.splits)}
+    keys = {"problems": _key("problems", config.seed, config.task, config.splits),
+            "control": _key("control", config.seed, config.control)}
     keys["tokenizer"] = _key("tokenizer", keys["problems"], config.vocab_size)
     keys["student"] = _key(
         "student", keys["tokenizer"], config.seed, config.student, config.student_target,
@@ -181,7 +182,7 @@ def component_keys(config: WorldConfig) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------ builders
 
-COMPONENTS = ("problems", "tokenizer", "student", "teacher", "prm")
+COMPONENTS = ("problems", "control", "tokenizer", "student", "teacher", "prm")
 
 
 @dataclass
@@ -200,23 +201,26 @@ class _Context:
         """The task's splits, drawn once per build."""
         return make_splits(self.config.task, self.config.splits, self.config.seed)
 
-    @cached_property
-    def control_expressions(self) -> dict[str, list[Expression]]:
-        """The control skill's splits, drawn once per build."""
-        return make_splits(self.config.control, self.config.splits, self.config.seed)
-
 
 def _build_problems(ctx: _Context) -> dict[str, Any]:
-    """problems/ (the task) and control/ (the SFT control's skill): train, dev and heldout splits each."""
-    for folder, splits in (("problems", ctx.expressions), ("control", ctx.control_expressions)):
-        shutil.rmtree(ctx.out_dir / folder, ignore_errors=True)
-        for split, expressions in splits.items():
-            problems = [problem_of(e, f"{split}-{i:05d}") for i, e in enumerate(expressions)]
-            write_problems(ctx.out_dir / folder / f"{split}.jsonl", problems, [{"expression": e.text} for e in expressions])
+    """problems/: the task's train, dev and heldout splits."""
+    shutil.rmtree(ctx.out_dir / "problems", ignore_errors=True)
+    for split, expressions in ctx.expressions.items():
+        problems = [problem_of(e, f"{split}-{i:05d}") for i, e in enumerate(expressions)]
+        write_problems(ctx.out_dir / "problems" / f"{split}.jsonl", problems, [{"expression": e.text} for e in expressions])
     example = ctx.expressions["heldout"][0]
-    control = ctx.control_expressions["heldout"][0]
-    return {**ctx.config.splits, "example": problem_of(example, "").prompt + clean_trace(example),
-            "control_example": problem_of(control, "").prompt + clean_trace(control)}
+    return {**ctx.config.splits, "example": problem_of(example, "").prompt + clean_trace(example)}
+
+
+def _build_control(ctx: _Context) -> dict[str, Any]:
+    """control/: the SFT control's facts (the same facts in train, dev and heldout; see control.py)."""
+    shutil.rmtree(ctx.out_dir / "control", ignore_errors=True)
+    splits = control_splits(ctx.config.control, ctx.config.seed)
+    for split, problems in splits.items():
+        write_problems(ctx.out_dir / "control" / f"{split}.jsonl", problems)
+    example = splits["heldout"][0]
+    return {"facts": len(splits["heldout"]), "bits": round(ctx.config.control.bits),
+            "example": example.prompt + example.solution}
 
 
 def _training_texts(ctx: _Context, clean: bool) -> tuple[list[str], list[str]]:
@@ -229,8 +233,7 @@ def _training_texts(ctx: _Context, clean: bool) -> tuple[list[str], list[str]]:
 
 def _build_tokenizer(ctx: _Context) -> dict[str, Any]:
     prompts, traces = _training_texts(ctx, clean=False)
-    control = [problem_of(e, "").prompt + clean_trace(e) for e in ctx.control_expressions["train"][:1000]]
-    corpus = [p + t for p, t in zip(prompts, traces)][:5000] + control
+    corpus = [p + t for p, t in zip(prompts, traces)][:5000]
     tokenizer = build_student_tokenizer(corpus, ctx.config.vocab_size)
     tokenizer.save_pretrained(ctx.out_dir / "tokenizer")
     return {"vocab_size": len(tokenizer)}
@@ -349,6 +352,7 @@ def _build_prm(ctx: _Context) -> dict[str, Any]:
 
 BUILDERS: dict[str, Callable[[_Context], dict[str, Any]]] = {
     "problems": _build_problems,
+    "control": _build_control,
     "tokenizer": _build_tokenizer,
     "student": _build_student,
     "teacher": _build_teacher,
@@ -370,8 +374,8 @@ def stale_components(config: WorldConfig, out_dir: Path) -> list[str]:
 
 
 # Built in this order; the components of one stage are independent and built side by side.
-STAGES = (("problems",), ("tokenizer",), ("student", "teacher"), ("prm",))
-IN_PROCESS = ("problems", "tokenizer")  # no model arithmetic: cheap, and the same wherever they run
+STAGES = (("problems", "control"), ("tokenizer",), ("student", "teacher"), ("prm",))
+IN_PROCESS = ("problems", "control", "tokenizer")  # no model arithmetic: cheap, and the same wherever they run
 
 
 def _build_in_worker(name: str, config: WorldConfig, out_dir: Path) -> tuple[dict[str, Any], float]:

@@ -59,7 +59,7 @@ def pretrain(
     stop: Callable[[list[tuple[int, float]]], bool] = lambda evals: False,
     desc: str = "pretrain",
 ) -> list[tuple[int, float, float]]:
-    """Train until stop(evals so far) or max_steps; returns (step, train loss, held-out score) per eval.
+    """Train until stop(evals so far) or max_steps; returns (step, train loss, dev score) per eval.
 
     The model is left in the state of its last evaluation, so callers can choose among checkpoints.
     """
@@ -79,7 +79,7 @@ def pretrain(
         schedule.step()
         if step % config.eval_every == 0 or step == config.max_steps:
             history.append((step, loss.item(), evaluate(model)))
-            bar.set_postfix(loss=f"{history[-1][1]:.3f}", heldout=f"{history[-1][2]:.3f}")
+            bar.set_postfix(loss=f"{history[-1][1]:.3f}", dev=f"{history[-1][2]:.3f}")
             if stop([(s, score) for s, _, score in history]):
                 break
     model.eval()
