@@ -26,7 +26,7 @@ confidence = 0.95
 # %%
 from IPython.display import Image, Markdown, display
 
-from reward_density.analysis import dynamics, load, plots, report, tables
+from reward_density.analysis import dynamics, kl, load, plots, report, tables
 from reward_density.experiment.profiles import REPO_ROOT
 
 report_dir = REPO_ROOT / outputs_dir  # relative paths are taken from the repository root
@@ -140,6 +140,22 @@ display(Image(figures / "process_collapse.png"))
 # %%
 plots.plot_pass1_over_training(cells, figures / "pass1_over_training.png");
 display(Image(figures / "pass1_over_training.png"))
+
+# %% [markdown]
+# ## KL to the reference vs rank
+#
+# Each cell's KL(π‖π_ref) over its last 10% of steps (the k3 estimate on its sampled tokens, recorded at every
+# step whatever beta is), mean over seeds with a t interval. "LoRA as an Implicit KL Regularizer in GRPO
+# Fine-Tuning" finds it growing with the rank, small ranks tightly constrained and about ten times more KL at
+# high rank; FullFT is its own point at the right.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(kl.kl_table(cells, confidence).markdown)
+
+# %%
+plots.plot_kl_vs_rank(cells, figures / "kl_vs_rank.png");
+display(Image(figures / "kl_vs_rank.png"))
 
 # %% [markdown]
 # ## Report

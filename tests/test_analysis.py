@@ -135,7 +135,7 @@ def test_report_and_every_figure_are_written_deterministically(outputs, tmp_path
     cells = load_cells(outputs)
     out = tmp_path / "analysis"
     report = write_report(cells, out, margin=0.05, confidence=0.95, profile_name="smoke")
-    names = ["accuracy.csv", "accuracy.md", "equivalence.csv", "gain.csv", "plateau.csv", "collapse.csv", "report.md"]
+    names = ["accuracy.csv", "accuracy.md", "equivalence.csv", "gain.csv", "plateau.csv", "collapse.csv", "kl.csv", "report.md"]
     names += [f"figures/{f}.png" for f in FIGURES]
     first = {n: (out / n).read_bytes() for n in names}
     assert report == out / "report.md" and all(first.values())

@@ -11,6 +11,7 @@ def test_benchmark_times_every_implementation_on_every_arm_and_writes_json(tmp_p
     seconds = report["cpu_seconds_per_step"]
     assert set(seconds["TRL"]) == set(seconds["ours (peft)"]) == {"LoRA r=1", "FullFT"}
     assert seconds["ours (stacked, all arms)"] > 0 and all(v > 0 for v in seconds["TRL"].values())
+    assert seconds["ours (stacked, all arms, beta 0)"] > 0 and report["kl_free_saving"] < 1, "the KL-free step is timed"
     assert set(report["samples_per_cpu_second"]) == {"ours (stacked)", "ours (peft, one arm at a time)",
                                                      "TRL GRPOTrainer (one arm at a time)"}
     assert report["ours_over_trl"] > 0

@@ -54,7 +54,7 @@ def error_of(tmp_path: Path, data) -> str:
     return message
 
 
-@pytest.mark.parametrize("name, cells", [("mini", 96), ("mini_sweep", 192), ("smoke", 12), ("paper", 54)])
+@pytest.mark.parametrize("name, cells", [("mini", 96), ("mini_sweep", 192), ("mini_klfree", 72), ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
     profile = load_profile(find_profile(name))
     assert profile.name == name
@@ -172,6 +172,9 @@ def test_world_entry_rule(tmp_path):
         ({"cell__kl_estimator": "k2"}, "cell.kl_estimator = 'k2'", "one of paper, k3, k1"),
         ({"cell__loss_normalisation": "sum"}, "cell.loss_normalisation = 'sum'", "token_mean, sequence_mean"),
         ({"analysis__confidence": 1}, "analysis.confidence = 1", "(0, 1)"),
+        ({"analysis__compare_with": ""}, "analysis.compare_with = ''", "a non-empty string"),
+        ({"cell__track_kl": "yes"}, "cell.track_kl = 'yes'", "true or false"),
+        ({"kl_bound": {"seeds": 2}}, "kl_bound", "with an out_dir"),
         ({"world__student": ""}, "world.student = ''", "a non-empty string"),
         ({"build_world": [1]}, "build_world = [1]", "a mapping"),
         ({"cell": [1]}, "cell = [1]", "a mapping with keys steps"),

@@ -205,3 +205,15 @@ def test_kill_and_resume(root, monkeypatch):
     after = summaries(root)
     assert sorted(after) == ["outcome-r1-s0", "outcome-rfull-s0", "process-r1-s0", "process-rfull-s0"]
     assert after["outcome-r1-s0"] == first["outcome-r1-s0"]
+
+
+def test_the_kl_bound_stage_runs_its_notebook_once_per_parameters(root, capsys):
+    data = yaml.safe_load((root / "params" / "tiny.yaml").read_text())
+    data["kl_bound"] = {"out_dir": "outputs/tiny/kl_bound", "seeds": 1, "epochs": 1, "ranks": [1, 2]}
+    (root / "params" / "tiny.yaml").write_text(yaml.safe_dump(data))
+    shutil.copy(REPO_ROOT / "notebooks" / "kl_bound.py", root / "notebooks" / "kl_bound.py")
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "kl_bound"]) == 0
+    table = (root / "outputs/tiny/kl_bound/kl_bound.csv").read_text()
+    assert table.count("\n") == 3, "one row per seed and rank"
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "kl_bound"]) == 0
+    assert "holds these results already; skipped" in capsys.readouterr().err

@@ -129,3 +129,23 @@ def test_only_what_the_stacked_engine_reproduces_is_accepted(model):
     for bad in (PolicyConfig(rank=2, dropout=0.1), PolicyConfig(rank=2, precision="bf16")):
         with pytest.raises(ValueError, match="stacked engine"):
             check_stackable(model, [bad])
+
+
+@pytest.mark.parametrize("beta, track_kl, scored", [(0.0, False, False), (0.0, True, True), (0.05, False, True)])
+def test_the_reference_pass_runs_only_for_a_kl_penalty_or_tracked_kl(model, tiny_tokenizer, monkeypatch, beta,
+                                                                      track_kl, scored):
+    calls = []
+    for cls in (StackedPolicy, Policy):
+        original = cls.reference_logprobs
+        monkeypatch.setattr(cls, "reference_logprobs",
+                            lambda self, *args, _original=original, **kwargs: calls.append(1) or _original(self, *args, **kwargs))
+    config = StepConfig(2, SamplingConfig(6, temperature=0.7), LossConfig(beta=beta), track_kl=track_kl)
+    stacked = StackedPolicy(copy.deepcopy(model), CONFIGS, SEED)
+    optimizer = torch.optim.SGD([p for a in range(stacked.n_arms) for p in stacked.parameters(a)], lr=0.0)
+    rows = stacked_grpo_step(stacked, tiny_tokenizer, optimizer, PROBLEMS, sparse_reward, config, seed=0)
+    policy = policies(model, CONFIGS[:1])[0]
+    row = grpo_step(policy, tiny_tokenizer, torch.optim.SGD(policy.trainable_parameters(), lr=0.0), PROBLEMS,
+                    sparse_reward, config, seed=0)
+    assert (len(calls) == 2) == scored, f"reference scored {len(calls)} times for beta={beta}, track_kl={track_kl}"
+    kls = [r["kl_ref"] for r in rows] + [row["kl_ref"]]
+    assert all((kl == kl) == scored for kl in kls), "kl_ref is recorded exactly when the reference was scored"

@@ -13,6 +13,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from .kl import final_kl, kl_table  # noqa: E402
 from .load import Cells, arms, ranks, regimes  # noqa: E402
 from .tables import accuracy_table  # noqa: E402
 
@@ -158,12 +159,64 @@ def plot_pass1_over_training(cells: Cells, path: str | Path) -> Figure:
     return _save(fig, path)
 
 
+def plot_kl_vs_rank(cells: Cells, path: str | Path) -> Figure:
+    """Per regime: end-of-training KL to the reference vs LoRA rank (log-log), FullFT as its own point, 95% CI."""
+    table = kl_table(cells).frame
+    shown = [r for r in regimes(cells) if r in set(table["regime"])]
+    fig, axes = _panels(max(len(shown), 1), sharey=True)
+    if not shown:
+        _empty(axes[0], "no cell recorded a KL to the reference")
+        return _save(fig, path)
+    ranks_ = ranks(cells)
+    full_x = 2 * max(ranks_) if ranks_ else 1  # FullFT one octave right of the largest rank
+    for ax, regime in zip(axes, shown):
+        rows = table[table["regime"] == regime]
+        lora = rows[rows["arm"] != "full"]
+        errors = np.vstack([lora["kl"] - lora["low"], lora["high"] - lora["kl"]])
+        ax.errorbar(lora["arm"].str[1:].astype(int), lora["kl"], yerr=np.nan_to_num(errors), fmt="o-", capsize=3,
+                    label="LoRA")
+        full = rows[rows["arm"] == "full"]
+        if not full.empty:
+            ax.errorbar([full_x], full["kl"], yerr=np.nan_to_num([full["kl"] - full["low"], full["high"] - full["kl"]]),
+                        fmt="ks", capsize=3, label="FullFT")
+        ax.set_yscale("log")
+        ax.set_xscale("log", base=2)
+        ticks = ranks_ + [full_x]
+        ax.set_xticks(ticks, [str(r) for r in ranks_] + ["full"])
+        ax.set(title=regime, xlabel="LoRA rank", ylabel="KL(π‖π_ref), last 10% of steps")
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 FIGURES: dict[str, Callable[[Cells, str | Path], Figure]] = {
     "pass1_vs_rank": plot_pass1_vs_rank,
     "peak_advantage_std": plot_peak_advantage_std,
     "process_collapse": plot_process_collapse,
     "pass1_over_training": plot_pass1_over_training,
+    "kl_vs_rank": plot_kl_vs_rank,
 }
+
+
+def plot_kl_ablation(with_kl: Cells, without_kl: Cells, regime: str, ablated: list[str], path: str | Path) -> Figure:
+    """The seed paper's Figure 3 in miniature: KL to the reference over steps for each ablated arm with and without
+    the penalty (mean over seeds), and each cell's final pass@1 against its end-of-training KL."""
+    fig, (over_steps, scatter) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for i, arm in enumerate(ablated):
+        for cells, style, label in ((with_kl, "-", "with KL"), (without_kl, "--", "without KL")):
+            history = cells.history[(cells.history["regime"] == regime) & (cells.history["arm"] == arm)]
+            curve = history.groupby("step")["kl_ref"].mean()
+            over_steps.plot(curve.index, curve.values, style, color=f"C{i}", label=f"{arm}, {label}")
+            finals = cells.summaries[(cells.summaries["regime"] == regime) & (cells.summaries["arm"] == arm)]
+            kls = final_kl(cells)
+            kls = kls[(kls["regime"] == regime) & (kls["arm"] == arm)].merge(finals[["seed", "final_pass1"]], on="seed")
+            scatter.plot(kls["kl"], kls["final_pass1"], "o" if label == "with KL" else "x", color=f"C{i}",
+                         label=f"{arm}, {label}")
+    over_steps.set(yscale="log", xlabel="step", ylabel="KL(π‖π_ref) (k3, mean over seeds)", title=f"{regime}: KL over training")
+    scatter.set(xscale="log", xlabel="KL(π‖π_ref), last 10% of steps", ylabel="final greedy pass@1",
+                title=f"{regime}: final pass@1 vs KL (one point per seed)")
+    for ax in (over_steps, scatter):
+        ax.legend(fontsize=7)
+    return _save(fig, path)
 
 
 def plot_capability(table: pd.DataFrame, path: str | Path) -> Figure:

@@ -40,7 +40,7 @@ def step_config(config: CellConfig) -> StepConfig:
                       constant_length=config.max_new_tokens)
     sampling = SamplingConfig(config.max_new_tokens, temperature=config.temperature, top_p=config.top_p)
     return StepConfig(config.group_size, sampling, loss, config.advantage_eps, config.max_grad_norm,
-                      precision=config.precision, micro_batch_size=config.micro_batch_size)
+                      precision=config.precision, micro_batch_size=config.micro_batch_size, track_kl=config.track_kl)
 
 
 def policy_config(config: CellConfig) -> PolicyConfig:

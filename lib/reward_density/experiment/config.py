@@ -104,7 +104,10 @@ class CellConfig:
                                  doc="sampling temperature; log-probs are taken at it too")
     top_p: float = setting(0.95, check=top_p_number, doc="nucleus sampling mass")
     max_new_tokens: int = setting(1536, check=positive_int, doc="completion cap while training")
-    beta: float = setting(0.05, check=non_negative_number, doc="KL penalty weight; 0 skips the reference pass")
+    beta: float = setting(0.05, check=non_negative_number,
+                          doc="KL penalty weight; 0 with track_kl off skips the reference pass")
+    track_kl: bool = setting(True, check=boolean,
+                             doc="record the KL to the reference every step, also at beta 0 (runs the reference pass)")
     kl_estimator: str = setting("paper", check=one_of(*KL_ESTIMATORS), doc="paper (Eq. 5) | k3 | k1")
     loss_normalisation: str = setting("token_mean", check=one_of(*NORMALISATIONS),
                                       doc="token_mean (paper) | sequence_mean (GRPO) | constant (Dr. GRPO)")

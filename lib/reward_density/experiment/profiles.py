@@ -36,14 +36,16 @@ from .config import REGIME_CHOICES, CellConfig, cell_name, parse_rank
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 TOP_REQUIRED = ("profile", "world", "matrix", "analysis")
-TOP_OPTIONAL = ("cell", "build_world", "data", "cluster")
+TOP_OPTIONAL = ("cell", "build_world", "data", "cluster", "kl_bound")
 MATRIX_KEYS = ("regimes", "ranks", "full_ft", "seeds", "learning_rate")
 DATA_REQUIRED = ("prompt_template",)  # a data section exists to say how MATH rows become prompts
 
 ANALYSIS_SCHEMA: dict[str, Checker] = {
     "equivalence_margin": positive_number,
     "confidence": open_unit_number,
+    "compare_with": non_empty_string,  # another profile whose cells differ only in beta: the with/without-KL analysis
 }
+ANALYSIS_DEFAULTS: dict[str, Any] = {"compare_with": None}
 
 
 class ProfileError(ValueError):
@@ -108,6 +110,7 @@ class Profile:
     matrix: Matrix
     cell: dict[str, Any]  # every setting of section "cell": the profile's value or the schema default
     analysis: dict[str, Any]
+    kl_bound: dict[str, Any] | None = None  # parameters of notebooks/kl_bound.py (Theorem 1 on Optdigits), if run
 
     def cells(self) -> list[MatrixCell]:
         """All cells: regimes outer, then ranks ascending then FullFT, then learning rates, then seeds."""
@@ -286,6 +289,9 @@ class _Validator:
             raise self.error("build_world", build_world, "a mapping of the world notebook's parameters")
         if build_world is not None and not isinstance(build_world.get("out_dir"), str):
             raise self.error("build_world.out_dir", build_world.get("out_dir"), "the folder the world is built in")
+        kl_bound = data.get("kl_bound")
+        if kl_bound is not None and not (isinstance(kl_bound, dict) and isinstance(kl_bound.get("out_dir"), str)):
+            raise self.error("kl_bound", kl_bound, "a mapping of the Theorem-1 notebook's parameters with an out_dir")
         cell_checks, cell_defaults = _schema("cell")
         return Profile(
             name=name,
@@ -296,7 +302,8 @@ class _Validator:
             cluster=self.cluster(data["cluster"]) if "cluster" in data else {},
             matrix=self.matrix(data["matrix"]),
             cell=cell_defaults | self.schema("cell", data.get("cell", {}), cell_checks, cell_defaults),
-            analysis=self.schema("analysis", data["analysis"], ANALYSIS_SCHEMA, {}),
+            analysis=self.schema("analysis", data["analysis"], ANALYSIS_SCHEMA, ANALYSIS_DEFAULTS),
+            kl_bound=kl_bound,
         )
 
     def data(self, value: Any) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from .matrix import select_cells
 from .notebooks import NotebookFailed
 from .reachability import WorldUnreachable, check_world
 from .slurm import profile_executor
-from .stages import STAGES, stage_analysis, stage_baseline, stage_cells, stage_world
+from .stages import STAGES, stage_analysis, stage_baseline, stage_cells, stage_kl_bound, stage_world
 
 
 def _parse_stages(text: str) -> list[str]:
@@ -92,6 +92,8 @@ def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: s
             ok = stage_cells(profile, root, cells_filter, jobs, slots, executor).ok
         if "analysis" in stages:
             stage_analysis(profile, root)
+        if "kl_bound" in stages:
+            stage_kl_bound(profile, root)
     except WorldUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,7 +1,8 @@
-"""The stages of a study, in order: world building, capability baseline, the cells, the analysis.
+"""The stages of a study, in order: world building, capability baseline, the cells, the analysis, and the
+KL bound of the KL-free seed paper on Optdigits.
 
-World building, baseline and analysis are notebooks run once per profile in this process; the cells go
-to an executor (local.py or slurm.py).
+World building, baseline, analysis and the KL bound are notebooks run once per profile in this process; the
+cells go to an executor (local.py or slurm.py).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import submitit
 
+from ..experiment import kl_bound
 from ..experiment.profiles import Profile, resolve_world_entry
 from ..experiment.provenance import fingerprint, write_json_atomic
 from .local import run_matrix
@@ -19,8 +21,8 @@ from .matrix import RunReport, base_answers_dir
 from .notebooks import execute_notebook, existing_notebook
 from .slurm import submit_matrix
 
-STAGES = ("world", "baseline", "cells", "analysis")
-BASELINE_KEY = "key.json"  # what the baseline folder measured: the world's fingerprints and the settings
+STAGES = ("world", "baseline", "cells", "analysis", "kl_bound")
+KEY_FILE = "key.json"  # what a stage folder measured (world fingerprints, settings, code): rerun when it differs
 BASELINE_BATCH = 64  # problems per sampling batch of the capability baseline (each with max(ks) samples)
 
 
@@ -32,7 +34,8 @@ def run_stage(notebook: Path, output: Path, parameters: dict[str, Any], root: Pa
 
 def analysis_parameters(profile: Profile, root: Path) -> dict[str, Any]:
     """The analysis notebook's parameters."""
-    return {"profile": profile.name, "outputs_dir": str(root / "outputs" / profile.name), **profile.analysis}
+    settings = {k: v for k, v in profile.analysis.items() if k != "compare_with"}
+    return {"profile": profile.name, "outputs_dir": str(root / "outputs" / profile.name), **settings}
 
 
 def stage_world(profile: Profile, root: Path) -> None:
@@ -57,14 +60,14 @@ def stage_baseline(profile: Profile, root: Path) -> None:
     settings = {k: profile.cell[k] for k in BASELINE_SETTINGS}
     key = {"world": {k: fingerprint(v) for k, v in world.items()}, "settings": settings, "data": profile.data,
            "cell": profile.cell, "regimes": list(profile.matrix.regimes)}
-    if (out / BASELINE_KEY).is_file() and json.loads((out / BASELINE_KEY).read_text()) == key:
+    if (out / KEY_FILE).is_file() and json.loads((out / KEY_FILE).read_text()) == key:
         print(f"baseline: {out} measured this world already; skipped", file=sys.stderr)
         return
     parameters = {**{k: v for k, v in world.items() if k != "control"}, **settings, **profile.data, "out_dir": str(out),
                   "profile": str(profile.path), "batch_size": BASELINE_BATCH}
     print(f"baseline: notebooks/capability_baseline.py -> {out}", file=sys.stderr)
     run_stage(root / "notebooks" / "capability_baseline.py", out / "capability_baseline.ipynb", parameters, root)
-    write_json_atomic(out / BASELINE_KEY, key)
+    write_json_atomic(out / KEY_FILE, key)
 
 
 def stage_cells(
@@ -88,7 +91,8 @@ def stage_cells(
 
 
 def stage_analysis(profile: Profile, root: Path) -> None:
-    """Run the analysis on whatever cells are finished (a learning-rate sweep's own analysis for a sweep)."""
+    """Run the analysis on whatever cells are finished (a learning-rate sweep's own analysis for a sweep), and
+    the with/without-KL comparison when the profile names the study to compare with."""
     outputs = root / "outputs" / profile.name
     if profile.matrix.sweeps_rates:
         notebook, parameters, written = "sweep_analysis.py", {"profile": profile.name, "outputs_dir": str(outputs)}, "sweep.md"
@@ -97,3 +101,23 @@ def stage_analysis(profile: Profile, root: Path) -> None:
     output = outputs / notebook.replace(".py", ".ipynb")
     run_stage(root / "notebooks" / notebook, output, parameters, root)
     print(f"analysis: {output}\nreport: {outputs / written}", file=sys.stderr)
+    if profile.analysis.get("compare_with"):  # a study that differs from another only in beta
+        output = outputs / "kl_comparison.ipynb"
+        run_stage(root / "notebooks" / "kl_comparison.py", output,
+                  {**analysis_parameters(profile, root), "compare_with": profile.analysis["compare_with"]}, root)
+        print(f"comparison: {output}\nreport: {outputs / 'kl_comparison.md'}", file=sys.stderr)
+
+
+def stage_kl_bound(profile: Profile, root: Path) -> None:
+    """Theorem 1 on Optdigits (notebooks/kl_bound.py) when the profile asks for it; skipped when its folder
+    holds the key of these parameters and this version of the experiment's code."""
+    if profile.kl_bound is None:
+        return
+    out = root / profile.kl_bound["out_dir"]
+    key = {"parameters": profile.kl_bound, "code": fingerprint(Path(kl_bound.__file__))}
+    if (out / KEY_FILE).is_file() and json.loads((out / KEY_FILE).read_text()) == key:
+        print(f"kl_bound: {out} holds these results already; skipped", file=sys.stderr)
+        return
+    print(f"kl_bound: notebooks/kl_bound.py -> {out}", file=sys.stderr)
+    run_stage(root / "notebooks" / "kl_bound.py", out / "kl_bound.ipynb", {**profile.kl_bound, "out_dir": str(out)}, root)
+    write_json_atomic(out / KEY_FILE, key)

@@ -1,0 +1,99 @@
+"""With and without the KL penalty: the same arms, seeds and held-out problems trained at beta > 0 and at
+beta = 0 ("LoRA as an Implicit KL Regularizer in GRPO Fine-Tuning": removing the penalty leaves LoRA's
+accuracy within noise, and its Figure 3: FullFT without KL collapses where LoRA without KL does not).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .load import Cells, arms, regimes
+from .plots import plot_kl_ablation
+from .statistics import minimum_detectable_difference, paired_diff, tost
+from .tables import Table, final_answers, markdown_table
+
+
+def with_without_kl(with_kl: Cells, without_kl: Cells, margin: float, confidence: float = 0.95) -> Table:
+    """Per regime and arm in both studies: final pass@1 without minus with the penalty, paired over seeds and
+    problems (crossed interval), and the TOST verdict at ±margin."""
+    kept, dropped = final_answers(with_kl), final_answers(without_kl)
+    rows = []
+    for regime in [r for r in regimes(without_kl) if r in regimes(with_kl)]:
+        for arm in [a for a in arms(without_kl) if a in arms(with_kl)]:
+            a, b = (frame[(frame["regime"] == regime) & (frame["arm"] == arm)] for frame in (dropped, kept))
+            if a.empty or b.empty or not set(a["seed"]) & set(b["seed"]):
+                continue
+            diff = paired_diff(a, b, confidence)
+            test = tost(diff, margin)
+            rows.append({"regime": regime, "arm": arm, "with_kl": b["correct"].mean(), "without_kl": a["correct"].mean(),
+                         "estimate": diff.estimate, "ci_low": diff.ci_low, "ci_high": diff.ci_high,
+                         "tost_low": test.ci_low, "tost_high": test.ci_high, "mdd": minimum_detectable_difference(diff),
+                         "verdict": test.verdict, "n_seeds": diff.n_seeds, "n_problems": diff.n_problems})
+    columns = ["regime", "arm", "with_kl", "without_kl", "estimate", "ci_low", "ci_high", "tost_low", "tost_high",
+               "mdd", "verdict", "n_seeds", "n_problems"]
+    frame = pd.DataFrame(rows, columns=columns)
+    tost_level = 1 - 2 * (1 - confidence)
+    lines = [[r.regime, r.arm, f"{r.with_kl:.3f}", f"{r.without_kl:.3f}", f"{r.estimate:+.3f}",
+              f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}]", f"[{r.tost_low:+.3f}, {r.tost_high:+.3f}]", r.verdict,
+              f"{r.n_seeds} × {r.n_problems}"] for r in frame.itertuples()]
+    header = ["regime", "arm", "pass@1 with KL", "without KL", "without − with", f"{confidence:.0%} CI",
+              f"{tost_level:.0%} CI (TOST)", f"verdict (±{margin:g})", "seeds × problems"]
+    return Table(frame, markdown_table(header, lines) if lines else "No arm ran both with and without KL.\n")
+
+
+ABLATION_REGIME, ABLATION_ARMS = "outcome", ("r4", "full")  # the seed paper's Figure 3: a mid rank and FullFT
+
+
+def ablation_table(with_kl: Cells, without_kl: Cells, regime: str = ABLATION_REGIME,
+                   ablated: tuple[str, ...] = ABLATION_ARMS) -> Table:
+    """Per ablated arm, with and without the penalty: base, peak and final pass@1 (mean over seeds), and whether
+    any seed collapsed (ended below its base)."""
+    rows = []
+    for arm in ablated:
+        for cells, penalty in ((with_kl, "with KL"), (without_kl, "without KL")):
+            s = cells.summaries[(cells.summaries["regime"] == regime) & (cells.summaries["arm"] == arm)]
+            if s.empty:
+                continue
+            rows.append({"arm": arm, "penalty": penalty, "base": s["base_pass1"].mean(), "peak": s["peak_pass1"].mean(),
+                         "final": s["final_pass1"].mean(), "collapsed_seeds": int((s["final_pass1"] < s["base_pass1"]).sum()),
+                         "seeds": len(s)})
+    frame = pd.DataFrame(rows, columns=["arm", "penalty", "base", "peak", "final", "collapsed_seeds", "seeds"])
+    lines = [[r.arm, r.penalty, f"{r.base:.3f}", f"{r.peak:.3f}", f"{r.final:.3f}", f"{r.collapsed_seeds} of {r.seeds}"]
+             for r in frame.itertuples()]
+    header = ["arm", "penalty", "base", "peak pass@1", "final pass@1", "seeds ending below base"]
+    return Table(frame, markdown_table(header, lines) if lines else "No ablated arm ran.\n")
+
+
+def write_kl_comparison(with_kl: Cells, without_kl: Cells, out_dir: str | Path, margin: float,
+                        confidence: float = 0.95, names: tuple[str, str] = ("with KL", "without KL")) -> Path:
+    """with_without_kl.csv, ablation.csv, figures/kl_ablation.png and kl_comparison.md under out_dir; returns the
+    markdown's path."""
+    out = Path(out_dir)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    compared, ablation = with_without_kl(with_kl, without_kl, margin, confidence), ablation_table(with_kl, without_kl)
+    for name, table in (("with_without_kl", compared), ("ablation", ablation)):
+        table.frame.to_csv(out / f"{name}.csv", index=False)
+    plot_kl_ablation(with_kl, without_kl, ABLATION_REGIME, list(ABLATION_ARMS), out / "figures" / "kl_ablation.png")
+    text = "\n".join([
+        f"# With and without the KL penalty ({names[0]} vs {names[1]})",
+        "",
+        "## Accuracy",
+        "",
+        f"Final greedy pass@1 without minus with the penalty, paired over seeds and held-out problems; {confidence:.0%} "
+        "crossed interval; TOST: equivalent when the interval of the test lies inside the margin.",
+        "",
+        compared.markdown,
+        f"## The ablation of the seed paper's Figure 3 ({ABLATION_REGIME}, {' and '.join(ABLATION_ARMS)})",
+        "",
+        "The paper: FullFT without KL collapses, LoRA without KL does not.",
+        "",
+        ablation.markdown,
+        "![kl_ablation](figures/kl_ablation.png)",
+        "",
+        "Time: these KL-free cells still score the reference to record the KL (`track_kl`), so what skipping the "
+        "reference pass saves is measured by the benchmark (`python -m reward_density.tools.benchmark`), not here.",
+    ])
+    path = out / "kl_comparison.md"
+    path.write_text(text)
+    return path

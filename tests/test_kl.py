@@ -1,0 +1,66 @@
+"""KL to the reference at the end of training: per cell over its last steps, per arm over seeds."""
+import numpy as np
+import pandas as pd
+import pytest
+from test_analysis import write_cell
+
+from reward_density.analysis.kl import final_kl, kl_table
+from reward_density.analysis.kl_free import ablation_table, with_without_kl, write_kl_comparison
+from reward_density.analysis.load import load_cells
+from reward_density.analysis.plots import plot_kl_vs_rank
+
+
+def with_kl(folder, values):
+    """Give a cell's history the per-step kl_ref values (its 4 steps)."""
+    history = pd.read_csv(folder / "history.csv")
+    history["kl_ref"] = values
+    history.to_csv(folder / "history.csv", index=False)
+
+
+@pytest.fixture
+def cells(tmp_path):
+    for seed, kl_end in enumerate([0.02, 0.04]):
+        with_kl(write_cell(tmp_path, "outcome", 1, seed, 5), [9.0, 9.0, 9.0, kl_end])
+        with_kl(write_cell(tmp_path, "outcome", None, seed, 5), [0.0, 0.0, 0.0, 10 * kl_end])
+    write_cell(tmp_path, "sft", 1, 0, 5)  # supervised: no KL recorded
+    return load_cells(tmp_path)
+
+
+def test_a_cells_kl_is_the_mean_over_its_last_tenth_of_steps(cells):
+    per_cell = final_kl(cells).set_index(["arm", "seed"])["kl"]
+    assert per_cell["r1", 0] == pytest.approx(0.02), "only step 4 of 4 is in the last 10%; earlier steps must not count"
+    assert per_cell["full", 1] == pytest.approx(0.4)
+
+
+def test_the_arm_kl_is_the_seed_mean_with_a_t_interval_and_cells_without_kl_are_left_out(cells):
+    frame = kl_table(cells).frame.set_index(["regime", "arm"])
+    assert set(frame.index) == {("outcome", "r1"), ("outcome", "full")}, "the SFT cell has no KL to report"
+    row = frame.loc[("outcome", "r1")]
+    half = 12.706 * np.std([0.02, 0.04], ddof=1) / np.sqrt(2)  # t(0.975, 1 df)
+    assert row["kl"] == pytest.approx(0.03) and row["high"] - row["kl"] == pytest.approx(half, rel=1e-3)
+
+
+def test_the_kl_figure_is_written(cells, tmp_path):
+    plot_kl_vs_rank(cells, tmp_path / "kl.png")
+    assert (tmp_path / "kl.png").stat().st_size > 0
+
+
+def study(root, finals: dict):
+    """An outcome study of r4 and FullFT over two seeds; finals: {arm rank: [problems solved per seed]}."""
+    for rank, solved in finals.items():
+        for seed, final in enumerate(solved):
+            with_kl(write_cell(root, "outcome", rank, seed, final), [0.01, 0.02, 0.03, 0.04])
+    return load_cells(root)
+
+
+def test_accuracy_is_paired_without_minus_with_the_penalty_per_arm(tmp_path):
+    kept = study(tmp_path / "with", {4: [5, 5], None: [6, 6]})
+    dropped = study(tmp_path / "without", {4: [5, 5], None: [2, 2]})
+    frame = with_without_kl(kept, dropped, margin=0.05).frame.set_index("arm")
+    assert frame.loc["r4", "estimate"] == pytest.approx(0.0) and frame.loc["full", "estimate"] == pytest.approx(-0.4)
+    assert frame.loc["full", "verdict"] == "different"
+    ablation = ablation_table(kept, dropped).frame
+    full_without = ablation[(ablation["arm"] == "full") & (ablation["penalty"] == "without KL")].iloc[0]
+    assert full_without["collapsed_seeds"] == 2, "a FullFT that ends below its base (3 of 10) has collapsed"
+    path = write_kl_comparison(kept, dropped, tmp_path / "out", margin=0.05)
+    assert "without − with" in path.read_text() and (tmp_path / "out" / "figures" / "kl_ablation.png").is_file()
