@@ -74,7 +74,8 @@ def test_filter_globs(root):
 
 
 def test_parallel_cells_run_then_skip(root, monkeypatch):
-    monkeypatch.setenv("FAKE_SLEEP", "1.5")
+    # Long enough that the two cells overlap even when one kernel starts seconds after the other on a busy machine.
+    monkeypatch.setenv("FAKE_SLEEP", "6")
     report = run_matrix(profile_of(root), root, TRAIN, cells_filter="outcome-*", jobs=2)
     assert report.ok and sorted(report.finished) == ["outcome-r1-s0", "outcome-rfull-s0"]
     lora, full = (cell_dir(root, name) for name in ("outcome-r1-s0", "outcome-rfull-s0"))
@@ -217,3 +218,33 @@ def test_the_kl_bound_stage_runs_its_notebook_once_per_parameters(root, capsys):
     assert table.count("\n") == 3, "one row per seed and rank"
     assert main(["--profile", "tiny", "--root", str(root), "--stages", "kl_bound"]) == 0
     assert "holds these results already; skipped" in capsys.readouterr().err
+
+
+FAKE_BASELINE = '''# %% tags=["parameters"]
+out_dir = ""
+
+# %%
+from pathlib import Path
+runs = Path(out_dir) / "runs.txt"
+runs.parent.mkdir(parents=True, exist_ok=True)
+runs.write_text((runs.read_text() if runs.exists() else "") + "run\\n")
+'''
+
+
+def test_the_baseline_is_measured_once_per_world_and_evaluation_settings(root):
+    (root / "notebooks" / "capability_baseline.py").write_text(FAKE_BASELINE)
+    runs = root / "outputs" / "tiny" / "baseline" / "runs.txt"
+
+    def baseline(**cell) -> int:
+        data = yaml.safe_load((root / "params" / "tiny.yaml").read_text())
+        data["cell"].update(cell)
+        (root / "params" / "tiny.yaml").write_text(yaml.safe_dump(data))
+        assert main(["--profile", "tiny", "--root", str(root), "--stages", "baseline"]) == 0
+        return runs.read_text().count("run")
+
+    assert baseline() == 1
+    assert baseline(beta=0.0, lora_alpha=8) == 1, "settings the base evaluation does not read must not re-measure it"
+    assert baseline(eval_max_new_tokens=9) == 2, "a base evaluation setting changed"
+    (root / "outputs" / "smoke" / "world" / "problems" / "heldout.jsonl").write_text("{}\n")
+    assert baseline() == 3, "a rebuilt world (its held-out problems changed) is measured anew"
+    assert baseline() == 3

@@ -14,6 +14,7 @@ from typing import Any
 import submitit
 
 from ..experiment import kl_bound
+from ..experiment.baseline import base_configs, base_eval_key
 from ..experiment.profiles import Profile, resolve_world_entry
 from ..experiment.provenance import fingerprint, write_json_atomic
 from .local import run_matrix
@@ -58,8 +59,11 @@ def stage_baseline(profile: Profile, root: Path) -> None:
     out = base_answers_dir(profile, root)
     world = {k: resolve_world_entry(v, root) for k, v in profile.world.items() if k != "prm"}
     settings = {k: profile.cell[k] for k in BASELINE_SETTINGS}
+    # The base evaluations' own keys carry every setting they depend on (and nothing else): changing, say, a
+    # learning rate or beta must not re-measure the base model.
+    evaluations = [base_eval_key(config) for config in base_configs(profile, out, root)]
     key = {"world": {k: fingerprint(v) for k, v in world.items()}, "settings": settings, "data": profile.data,
-           "cell": profile.cell, "regimes": list(profile.matrix.regimes)}
+           "base_evaluations": evaluations}
     if (out / KEY_FILE).is_file() and json.loads((out / KEY_FILE).read_text()) == key:
         print(f"baseline: {out} measured this world already; skipped", file=sys.stderr)
         return
