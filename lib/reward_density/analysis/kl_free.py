@@ -10,8 +10,7 @@ import pandas as pd
 
 from .load import Cells, arms, regimes
 from .plots import plot_kl_ablation
-from .statistics import minimum_detectable_difference, paired_diff, tost
-from .tables import Table, final_answers, markdown_table
+from .tables import Table, comparison, final_answers, markdown_table
 
 
 def with_without_kl(with_kl: Cells, without_kl: Cells, margin: float, confidence: float = 0.95) -> Table:
@@ -24,12 +23,8 @@ def with_without_kl(with_kl: Cells, without_kl: Cells, margin: float, confidence
             a, b = (frame[(frame["regime"] == regime) & (frame["arm"] == arm)] for frame in (dropped, kept))
             if a.empty or b.empty or not set(a["seed"]) & set(b["seed"]):
                 continue
-            diff = paired_diff(a, b, confidence)
-            test = tost(diff, margin)
             rows.append({"regime": regime, "arm": arm, "with_kl": b["correct"].mean(), "without_kl": a["correct"].mean(),
-                         "estimate": diff.estimate, "ci_low": diff.ci_low, "ci_high": diff.ci_high,
-                         "tost_low": test.ci_low, "tost_high": test.ci_high, "mdd": minimum_detectable_difference(diff),
-                         "verdict": test.verdict, "n_seeds": diff.n_seeds, "n_problems": diff.n_problems})
+                         **comparison(a, b, margin, confidence)})
     columns = ["regime", "arm", "with_kl", "without_kl", "estimate", "ci_low", "ci_high", "tost_low", "tost_high",
                "mdd", "verdict", "n_seeds", "n_problems"]
     frame = pd.DataFrame(rows, columns=columns)

@@ -95,19 +95,21 @@ def equivalence_table(cells: Cells, margin: float, confidence: float = 0.95) -> 
             if reason:
                 rows.append({**row, "verdict": "skipped", "reason": reason})
                 continue
-            diff = paired_diff(lora, full, confidence)
-            test = tost(diff, margin)
-            rows.append({
-                **row, "estimate": diff.estimate, "se": diff.se, "df": diff.df, "ci_low": diff.ci_low,
-                "ci_high": diff.ci_high, "tost_low": test.ci_low, "tost_high": test.ci_high,
-                "tost_half_width": (test.ci_high - test.ci_low) / 2, "mdd": minimum_detectable_difference(diff),
-                "p_tost": test.p_value, "verdict": test.verdict, "n_pairs": diff.n_pairs, "n_seeds": diff.n_seeds,
-                "n_problems": diff.n_problems, "reason": "",
-            })
+            rows.append({**row, **comparison(lora, full, margin, confidence), "reason": ""})
     columns = ["regime", "rank", "arm", "estimate", "se", "df", "ci_low", "ci_high", "tost_low", "tost_high",
                "tost_half_width", "mdd", "p_tost", "verdict", "n_pairs", "n_seeds", "n_problems", "reason"]
     frame = pd.DataFrame(rows, columns=columns).astype({"rank": "Int64", "n_pairs": "Int64", "n_seeds": "Int64", "n_problems": "Int64"})
     return Table(frame, _equivalence_markdown(frame, margin, confidence))
+
+
+def comparison(a: pd.DataFrame, b: pd.DataFrame, margin: float, confidence: float = 0.95) -> dict:
+    """a minus b, paired over seeds and problems: the crossed interval, TOST at ±margin and the power it had."""
+    diff = paired_diff(a, b, confidence)
+    test = tost(diff, margin)
+    return {"estimate": diff.estimate, "se": diff.se, "df": diff.df, "ci_low": diff.ci_low, "ci_high": diff.ci_high,
+            "tost_low": test.ci_low, "tost_high": test.ci_high, "tost_half_width": (test.ci_high - test.ci_low) / 2,
+            "mdd": minimum_detectable_difference(diff), "p_tost": test.p_value, "verdict": test.verdict,
+            "n_pairs": diff.n_pairs, "n_seeds": diff.n_seeds, "n_problems": diff.n_problems}
 
 
 def gain_table(cells: Cells, confidence: float = 0.95) -> Table:

@@ -250,21 +250,19 @@ def train(configs: list[CellConfig], inputs: CellInputs, policy: Policy | Stacke
         return [pass1 for pass1, _ in results]
 
     pass1 = evaluations(0)
-    desc = configs[0].name if len(configs) == 1 else f"{config.regime}-s{config.seed} ({len(configs)} arms)"
+    desc = config.name if len(configs) == 1 else f"{config.regime}-s{config.seed} ({len(configs)} arms)"
     bar = tqdm(range(1, config.steps + 1), desc=desc, disable=not progress)
     per_step = (config.sft_batch_size or config.prompts_per_step * config.group_size) if config.regime == SFT \
         else config.prompts_per_step
     problems = batches(inputs.train, per_step, config.seed)
     for step in bar:
-        batch = next(problems)
+        batch, seed = next(problems), config.seed * 1_000_003 + step
         if config.regime == SFT:
             rows = sft_step(policy, inputs.tokenizer, optimizer, batch, config.max_grad_norm)
         elif isinstance(policy, StackedPolicy):
-            rows = stacked_grpo_step(policy, inputs.tokenizer, optimizer, batch, inputs.reward, settings,
-                                     seed=config.seed * 1_000_003 + step)
+            rows = stacked_grpo_step(policy, inputs.tokenizer, optimizer, batch, inputs.reward, settings, seed=seed)
         else:
-            rows = [grpo_step(policy, inputs.tokenizer, optimizer, batch, inputs.reward, settings,
-                              seed=config.seed * 1_000_003 + step)]
+            rows = [grpo_step(policy, inputs.tokenizer, optimizer, batch, inputs.reward, settings, seed=seed)]
         for writer, row in zip(writers, rows):
             writer.add_step({"step": step, **row})
         if step % config.eval_every == 0 or step == config.steps:
