@@ -5,6 +5,8 @@
 #   ./run_all.sh --profile smoke --jobs 2 --cells 'outcome-*'   other profiles and options (see --help)
 #   ./run_all.sh setup              only create .venv (if missing) and install the project
 #   ./run_all.sh test [pytest args] set up, then run the unit tests and the nbval checks (what CI runs)
+#   ./run_all.sh lab [--port N]     set up, then open the study in JupyterLab (notebooks/*.py open as notebooks)
+#   ./run_all.sh board [PROFILE]    set up, then TensorBoard on the cells of a profile (default mini), live
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -42,6 +44,9 @@ if grep -qw avx2 /proc/cpuinfo 2>/dev/null; then
 fi
 
 run_tests() {
+  if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+    echo "[test] the browser test is skipped: Chromium is not installed (Debian: apt-get install chromium chromium-driver)"
+  fi
   # Offline by design: nothing in the suite may reach a model hub (datasets reads these at import).
   # --nbval-lax re-runs the golden notebooks under tests/golden and compares the outputs of cells
   # marked NBVAL_CHECK_OUTPUT.
@@ -56,8 +61,10 @@ run_study() {
 case "${1:-}" in
   setup) setup ;;
   test) shift; setup; run_tests "$@" ;;
-  -h|--help) echo "usage: ./run_all.sh [setup | test [pytest args] | [runner options]]" >&2
+  lab) shift; setup; exec "$PY" -m reward_density.tools.lab "$@" ;;
+  board) setup; exec "$VENV/bin/tensorboard" --logdir "outputs/${2:-mini}/cells" ;;
+  -h|--help) echo "usage: ./run_all.sh [setup | test [pytest args] | lab | board [PROFILE] | [runner options]]" >&2
              setup >/dev/null; "$PY" -m reward_density.run --help ;;
   ""|--*) setup; run_study "$@" ;;
-  *) echo "usage: ./run_all.sh [setup | test [pytest args] | [--profile P] [--cells GLOBS] [--jobs N]]" >&2; exit 2 ;;
+  *) echo "usage: ./run_all.sh [setup | test [pytest args] | lab | board [PROFILE] | [--profile P] [--cells GLOBS] [--jobs N]]" >&2; exit 2 ;;
 esac

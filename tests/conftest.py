@@ -6,7 +6,11 @@ os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
 
 import pytest  # noqa: E402
 
+from reward_density.experiment.profiles import REPO_ROOT  # noqa: E402
 from reward_density.tools.stand_ins import build_qwen3, build_tokenizer  # noqa: E402
+from reward_density.world.build import build_world, world_config  # noqa: E402
+
+SMOKE_WORLD = REPO_ROOT / "outputs" / "smoke" / "world"
 
 
 @pytest.fixture(scope="session")
@@ -23,10 +27,19 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
     return folder
 
 
+@pytest.fixture(scope="session")
+def smoke_project(tmp_path_factory):
+    """A project root with the real notebooks and params and the repository's smoke world (built if missing)."""
+    build_world(world_config("smoke"), SMOKE_WORLD, log=lambda line: None)  # skipped when up to date
+    root = tmp_path_factory.mktemp("smoke-project")
+    for name in ("notebooks", "params"):
+        (root / name).symlink_to(REPO_ROOT / name)
+    (root / "outputs" / "smoke").mkdir(parents=True)
+    (root / "outputs" / "smoke" / "world").symlink_to(SMOKE_WORLD)
+    return root
+
+
 def pytest_collection_finish(session):
     """The golden notebooks read the smoke world under outputs/smoke/world: build it first (seconds; skipped if up to date)."""
     if any(str(item.path).endswith(".ipynb") for item in session.items):
-        from reward_density.experiment.profiles import REPO_ROOT
-        from reward_density.world.build import build_world, world_config
-
-        build_world(world_config("smoke"), REPO_ROOT / "outputs" / "smoke" / "world", log=lambda line: None)
+        build_world(world_config("smoke"), SMOKE_WORLD, log=lambda line: None)

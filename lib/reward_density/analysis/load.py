@@ -1,4 +1,5 @@
-"""Finished cells as long tables: the one place that reads cell folders (cell_folder.py's files)."""
+"""Cells as tables: the one place that reads cell folders (cell_folder.py's files). Finished cells of a study
+as long tables (load_cells), or one cell folder, finished or still running (load_cell)."""
 from __future__ import annotations
 
 import json
@@ -58,6 +59,46 @@ def load_cells(outputs_dir: str | Path) -> Cells:
         params=params,
         unfinished=tuple(p.name for p in folders if p not in finished),
     )
+
+
+@dataclass(frozen=True)
+class OneCell:
+    """One cell folder, finished or still running: what it has written so far."""
+
+    name: str
+    params: dict
+    summary: dict | None  # None until the cell finishes
+    history: pd.DataFrame  # one row per step
+    evals: pd.DataFrame  # one row per evaluation
+    answers: pd.DataFrame  # one row per held-out problem at each evaluation
+    completions: pd.DataFrame  # the logged greedy completions: step, problem_id, prompt, completion, verdict, ...
+
+
+def load_cell(folder: str | Path) -> OneCell:
+    """Read one cell folder; a table the cell has not written yet is empty."""
+    folder = Path(folder)
+    if not (folder / cell_folder.PARAMS).is_file():
+        raise FileNotFoundError(f"{folder}: not a cell folder (no {cell_folder.PARAMS})")
+
+    def table(name: str) -> pd.DataFrame:
+        path = folder / name
+        return pd.read_csv(path, dtype={"problem_id": str}) if path.is_file() else pd.DataFrame()
+
+    summary = folder / cell_folder.SUMMARY
+    answers = table(cell_folder.ANSWERS)
+    if "correct" in answers:
+        answers["correct"] = answers["correct"].map(_as_int)
+    return OneCell(folder.name, json.loads((folder / cell_folder.PARAMS).read_text()),
+                   json.loads(summary.read_text()) if summary.is_file() else None,
+                   table(cell_folder.HISTORY), table(cell_folder.EVALS), answers, read_completions(folder))
+
+
+def read_completions(folder: str | Path) -> pd.DataFrame:
+    """The completions a cell logged (cell_folder.COMPLETIONS), empty when it logged none."""
+    path = Path(folder) / cell_folder.COMPLETIONS
+    if not path.is_file():
+        return pd.DataFrame(columns=["step", "problem_id", "prompt", "completion", "verdict", "length", "truncated"])
+    return pd.read_json(path, lines=True, dtype={"problem_id": str})
 
 
 def _cell_keys(name: str, summary: dict) -> dict:

@@ -6,6 +6,7 @@ evaluation), manifest.json, and summary.json last and atomically: its presence m
 from __future__ import annotations
 
 import csv
+import json
 import random
 import time
 from collections.abc import Iterator
@@ -87,6 +88,14 @@ def load_inputs(config: CellConfig, checker: AnswerChecker) -> CellInputs:
     frozen = frozen_dtype(config.precision)  # FullFT's student is its fp32 master copy; the rest never changes
     student_dtype = torch.float32 if config.rank is None or config.engine == "stacked" else frozen
     student = load_causal_lm(config.student, dtype=student_dtype, device=config.device, what="student")
+    return CellInputs(train, heldout, tokenizer, student, load_reward(config, checker, tokenizer), checker)
+
+
+def load_reward(config: CellConfig, checker: AnswerChecker, tokenizer: Any) -> RewardModule | None:
+    """The reward module of the cell's regime with the models it reads (None for the SFT control)."""
+    if config.regime == SFT:
+        return None
+    frozen = frozen_dtype(config.precision)
     parts: dict[str, Any] = {"checker": checker, "temperature": config.temperature,
                              "micro_batch_size": config.micro_batch_size}
     if config.regime == "process":
@@ -97,8 +106,7 @@ def load_inputs(config: CellConfig, checker: AnswerChecker) -> CellInputs:
         )
     if config.regime == "distillation":
         parts["teacher"] = load_causal_lm(config.teacher, dtype=frozen, device=config.teacher_device, what="teacher")
-    reward = None if config.regime == SFT else build_reward(config.regime, **parts)
-    return CellInputs(train, heldout, tokenizer, student, reward, checker)
+    return build_reward(config.regime, **parts)
 
 
 # ------------------------------------------------------------------------------------ outputs
@@ -115,13 +123,18 @@ class CellWriter:
         self.history: list[dict] = []
         self.evals: list[dict] = []
         self.answers: list[dict] = []
+        (self.folder / cell_folder.COMPLETIONS).unlink(missing_ok=True)
+        self.board = live_board(config)
         write_json_atomic(self.folder / cell_folder.PARAMS, config.to_parameters() | {"derived": extra or {}})
 
     def add_step(self, row: dict[str, Any]) -> None:
         self.history.append(row)
         _write_csv(self.folder / cell_folder.HISTORY, self.history)
+        self._show("train", row["step"], row)
 
-    def add_eval(self, step: int, pass1: float, rows: list[dict]) -> None:
+    def add_eval(self, step: int, pass1: float, rows: list[dict], prompts: dict[str, str] | None = None) -> None:
+        """One evaluation: its means, its per-problem rows, and the first logged_completions completions
+        (with their prompts, where given; a base evaluation computed elsewhere may carry no text)."""
         n = max(len(rows), 1)
         self.evals.append({
             "step": step,
@@ -130,17 +143,48 @@ class CellWriter:
             "frac_truncated": sum(r["truncated"] for r in rows) / n,
             "frac_answered": sum(r["answered"] for r in rows) / n,
         })
-        self.answers += [{"step": step, **r} for r in rows]
+        self.answers += [{"step": step, **{k: v for k, v in r.items() if k != "completion"}} for r in rows]
         _write_csv(self.folder / cell_folder.EVALS, self.evals)
         _write_csv(self.folder / cell_folder.ANSWERS, self.answers)
+        logged = [r for r in rows[: self.config.logged_completions] if "completion" in r]
+        with open(self.folder / cell_folder.COMPLETIONS, "a") as handle:
+            for r in logged:
+                prompt = (prompts or {}).get(r["problem_id"])
+                handle.write(json.dumps({"step": step, "problem_id": r["problem_id"], "prompt": prompt,
+                                         "completion": r["completion"], "verdict": r["verdict"],
+                                         "length": r["length"], "truncated": r["truncated"]}) + "\n")
+        self._show("eval", step, self.evals[-1])
+
+    def _show(self, group: str, step: int, row: dict[str, Any]) -> None:
+        """Every number of a row on the live board, flushed so a running cell's curves are current."""
+        if self.board is None:
+            return
+        for key, value in row.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.board.add_scalar(f"{group}/{key}", value, step)
+        self.board.flush()
 
     def finish(self, device: str) -> dict[str, Any]:
         """manifest.json, then summary.json last and atomically: from then on the cell counts as done."""
+        if self.board is not None:
+            self.board.close()
         wall = time.time() - self.started
         write_json_atomic(self.folder / cell_folder.MANIFEST, manifest(device, wall_seconds=round(wall, 2), cell=self.config.name))
         summary = summarise(self.config, self.history, self.evals, wall)
         write_json_atomic(self.folder / cell_folder.SUMMARY, summary)
         return summary
+
+
+def live_board(config: CellConfig) -> Any:
+    """A TensorBoard SummaryWriter on the cell folder when the cell reports to it, else None."""
+    if config.report_to != "tensorboard":
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as error:  # torch ships the writer; the event format comes from the tensorboard package
+        raise ImportError("report_to: tensorboard needs the tensorboard package (pip install tensorboard, or "
+                          "./run_all.sh setup)") from error
+    return SummaryWriter(log_dir=config.out_dir)
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -243,10 +287,12 @@ def train(configs: list[CellConfig], inputs: CellInputs, policy: Policy | Stacke
     optimizer = make_optimizer(configs, policy)
     settings = step_config(config)
 
+    prompts = {p.problem_id: p.prompt for p in inputs.heldout[: config.logged_completions]}
+
     def evaluations(step: int) -> list[float]:
         results = [base] * len(configs) if step == 0 and base is not None else evaluate(configs, inputs, policy)
         for writer, (pass1, rows) in zip(writers, results):
-            writer.add_eval(step, pass1, rows)
+            writer.add_eval(step, pass1, rows, prompts)
         return [pass1 for pass1, _ in results]
 
     pass1 = evaluations(0)

@@ -39,6 +39,7 @@ FULL = "full"  # full fine-tuning's rank, as profiles, notebooks and cell names 
 SFT = "sft"  # the positive control: supervised steps on a skill the base lacks, beside the three RL regimes
 REGIME_CHOICES = (*REGIMES, SFT)
 ENGINES = ("peft", "stacked")
+REPORTERS = ("none", "tensorboard")
 SECTIONS = ("matrix", "cell", "world", "data", "run")  # where a setting's value comes from
 
 
@@ -126,6 +127,14 @@ class CellConfig:
                               doc="the mini world's split evaluated: heldout (the study) | dev (choosing settings)")
     eval_max_new_tokens: int = setting(1536, check=positive_int, doc="completion cap while evaluating")
     eval_batch_size: int = setting(50, check=positive_int, doc="held-out problems per greedy batch")
+    logged_completions: int = setting(16, check=non_negative_int,
+                                      doc="greedy completions of the first this many held-out problems kept at every "
+                                          "evaluation (completions.jsonl)")
+
+    # What a running cell shows while it trains.
+    report_to: str = setting("none", check=one_of(*REPORTERS),
+                             doc="none | tensorboard: per-step metrics as event files in the cell folder, live "
+                                 "(tensorboard --logdir outputs/<profile>/cells)")
 
     # Execution.
     engine: str = setting("peft", check=one_of(*ENGINES),

@@ -21,7 +21,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def _answer(model, tokenizer, problems, checker, group_size, sampling, seed, batch_size) -> list[list[dict]]:
     """Per arm (one for a model), one row per completion: problem id, verdict, correctness, length,
-    whether an answer is boxed, whether it hit the cap."""
+    whether an answer is boxed, whether it hit the cap, and its text."""
     arms = model.arms if isinstance(model, Qwen3Weights) else 1
     rows: list[list[dict]] = [[] for _ in range(arms)]
     was_training = getattr(model, "training", False)
@@ -42,6 +42,7 @@ def _answer(model, tokenizer, problems, checker, group_size, sampling, seed, bat
                     "length": int(lengths[i]),
                     "answered": has_boxed_answer(text),
                     "truncated": bool(rollout.truncated[i]),
+                    "completion": text,
                 })
     finally:
         if isinstance(model, torch.nn.Module):

@@ -14,8 +14,8 @@ import torch
 from ..data.problems import Problem
 from ..grpo.policy import Policy
 from ..grpo.rollout import Rollout
-from ..grpo.sampler import special_token_ids
 from ..grpo.stacked import StackedPolicy
+from ..grpo.text_rollout import rollout_from_text
 
 
 def teacher_forced(tokenizer, problems: Sequence[Problem], arms: int = 1) -> Rollout:
@@ -23,22 +23,7 @@ def teacher_forced(tokenizer, problems: Sequence[Problem], arms: int = 1) -> Rol
     missing = [p.problem_id for p in problems if not p.solution]
     if missing:
         raise ValueError(f"supervised steps need a solution for every problem; {missing[:5]} have none")
-    eos, pad = special_token_ids(tokenizer)
-    prompts = tokenizer([p.prompt for p in problems], padding=True, padding_side="left", return_tensors="pt")
-    targets = [ids + [eos] for ids in tokenizer([p.solution for p in problems], add_special_tokens=False)["input_ids"]]
-    width = max(map(len, targets))
-    completion_ids = torch.full((len(problems), width), pad, dtype=torch.long)
-    completion_mask = torch.zeros(len(problems), width, dtype=torch.bool)
-    for row, ids in enumerate(targets):
-        completion_ids[row, : len(ids)] = torch.tensor(ids)
-        completion_mask[row, : len(ids)] = True
-    return Rollout(
-        prompt_ids=prompts["input_ids"].repeat(arms, 1), prompt_mask=prompts["attention_mask"].repeat(arms, 1),
-        completion_ids=completion_ids.repeat(arms, 1), completion_mask=completion_mask.repeat(arms, 1),
-        sampler_logps=torch.zeros(arms * len(problems), width), truncated=torch.zeros(arms * len(problems), dtype=torch.bool),
-        group_size=1, prompts=[p.prompt for p in problems] * arms, completions=[p.solution for p in problems] * arms,
-        answers=[p.answer for p in problems] * arms,
-    )
+    return rollout_from_text(tokenizer, list(problems) * arms, [p.solution for p in problems] * arms)
 
 
 def sft_step(

@@ -1,0 +1,51 @@
+"""One cell up close: its curves, the problems it learned and forgot, and how its answers changed
+(the logic of notebooks/explore_cell.py)."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.figure import Figure
+
+from .load import OneCell
+
+CURVES = ("reward_mean", "advantage_std", "kl_ref", "len_mean", "grad_norm", "loss")  # per-step, where present
+
+
+def cell_curves(cell: OneCell) -> Figure:
+    """Held-out greedy pass@1 over the evaluations, then each per-step metric the cell recorded."""
+    curves = [c for c in CURVES if c in cell.history]
+    fig, axes = plt.subplots(1, 1 + len(curves), figsize=(3.2 * (1 + len(curves)), 2.8), squeeze=False)
+    axes = axes[0]
+    if not cell.evals.empty:
+        axes[0].plot(cell.evals["step"], cell.evals["pass1"], marker="o")
+    axes[0].set(title="held-out greedy pass@1", xlabel="step")
+    for ax, column in zip(axes[1:], curves):
+        ax.plot(cell.history["step"], cell.history[column], lw=1)
+        ax.set(title=column, xlabel="step")
+    fig.suptitle(cell.name)
+    fig.tight_layout()
+    return fig
+
+
+def problem_changes(answers: pd.DataFrame) -> pd.DataFrame:
+    """Per held-out problem: correct at the first and at the last evaluation, at how many evaluations it was
+    correct, and the change (+1 learned, -1 forgotten); learned first, forgotten last."""
+    if answers.empty:
+        return pd.DataFrame(columns=["problem_id", "first", "last", "times_correct", "change"])
+    first, last = answers["step"].min(), answers["step"].max()
+    by_problem = answers.pivot_table(index="problem_id", columns="step", values="correct", aggfunc="first")
+    table = pd.DataFrame({"first": by_problem[first], "last": by_problem[last],
+                          "times_correct": by_problem.sum(axis=1).astype(int)})
+    table["change"] = table["last"] - table["first"]
+    return table.sort_values(["change", "times_correct"], ascending=[False, False]).reset_index()
+
+
+def completions_over_training(completions: pd.DataFrame, problems: int) -> pd.DataFrame:
+    """The logged completions of the first few problems, one row per problem, one column per evaluation step,
+    each entry '[verdict] completion'."""
+    if completions.empty:
+        return pd.DataFrame()
+    chosen = completions["problem_id"].drop_duplicates().head(problems)
+    rows = completions[completions["problem_id"].isin(chosen)]
+    text = "[" + rows["verdict"].astype(str) + "] " + rows["completion"].astype(str)
+    return rows.assign(text=text).pivot_table(index="problem_id", columns="step", values="text", aggfunc="first")

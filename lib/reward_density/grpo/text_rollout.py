@@ -1,0 +1,41 @@
+"""A rollout built from given completion text instead of sampled: solutions to train on (the SFT control),
+or completions logged by a cell to score again (the reward-debug notebook)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..data.problems import Problem
+from .rollout import Rollout
+from .sampler import special_token_ids
+
+
+def rollout_from_text(
+    tokenizer, problems: Sequence[Problem], completions: Sequence[str], group_size: int = 1,
+    truncated: Sequence[bool] | None = None,
+) -> Rollout:
+    """Row i answers problems[i] with completions[i] (+ EOS unless truncated[i]); consecutive rows of one problem
+    form its group. The completion's tokens are the tokenizer's encoding of the text, which need not be the
+    ids a sampler drew for it; sampler log-probs are 0."""
+    if len(problems) != len(completions) or len(problems) % group_size:
+        raise ValueError(f"{len(problems)} problems and {len(completions)} completions: need one completion per "
+                         f"row and whole groups of {group_size}")
+    truncated = [False] * len(problems) if truncated is None else list(truncated)
+    eos, pad = special_token_ids(tokenizer)
+    prompts = tokenizer([p.prompt for p in problems], padding=True, padding_side="left", return_tensors="pt")
+    encoded = tokenizer(list(completions), add_special_tokens=False)["input_ids"]
+    targets = [ids if cut else ids + [eos] for ids, cut in zip(encoded, truncated, strict=True)]
+    width = max(1, *map(len, targets))
+    completion_ids = torch.full((len(problems), width), pad, dtype=torch.long)
+    completion_mask = torch.zeros(len(problems), width, dtype=torch.bool)
+    for row, ids in enumerate(targets):
+        completion_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        completion_mask[row, : len(ids)] = True
+    return Rollout(
+        prompt_ids=prompts["input_ids"], prompt_mask=prompts["attention_mask"],
+        completion_ids=completion_ids, completion_mask=completion_mask,
+        sampler_logps=torch.zeros(len(problems), width), truncated=torch.tensor(truncated, dtype=torch.bool),
+        group_size=group_size, prompts=[p.prompt for p in problems], completions=list(completions),
+        answers=[p.answer for p in problems], questions=[p.question or p.prompt for p in problems],
+    )

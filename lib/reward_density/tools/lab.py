@@ -1,0 +1,79 @@
+"""JupyterLab on the study: every py:percent notebook in notebooks/ opens as a notebook (jupytext's contents
+manager and Lab extension) and saves back to its .py file.
+
+    python -m reward_density.tools.lab [--port N] [--no-browser]        (what `./run_all.sh lab` runs)
+
+The settings it adds go to the app-wide overrides of the environment's Lab (its own
+`share/jupyter/lab/settings`): Lab's default viewer for Python files, "Jupytext Notebook", so a double-click
+opens `notebooks/train_cell.py` as cells rather than as text; and no fetching of Jupyter news (offline).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..experiment.profiles import REPO_ROOT
+
+OVERRIDES = {
+    "@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"python": "Jupytext Notebook"}},
+    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},  # offline
+}
+START_PAGE = "/lab/tree/notebooks"
+
+
+def settings_dir() -> Path:
+    """Where this environment's JupyterLab reads its app-wide setting overrides."""
+    return Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings"
+
+
+def write_overrides(folder: Path) -> Path:
+    """Merge OVERRIDES into folder/overrides.json, keeping whatever else it holds; return its path."""
+    path = Path(folder) / "overrides.json"
+    try:
+        current = json.loads(path.read_text()) if path.is_file() else {}
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error}); fix or delete it") from None
+    for plugin, values in OVERRIDES.items():
+        current[plugin] = {**current.get(plugin, {}), **values}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(current, indent=2) + "\n")
+    return path
+
+
+def lab_command(root: Path = REPO_ROOT, *, port: int | None = None, token: str | None = None,
+                open_browser: bool = True, settings: Path | None = None) -> list[str]:
+    """The command that serves JupyterLab on root, opening on notebooks/ (token None: Jupyter makes one)."""
+    command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root}", f"--LabApp.default_url={START_PAGE}"]
+    if port is not None:
+        command += [f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1"]
+    if token is not None:
+        command.append(f"--IdentityProvider.token={token}")
+    if not open_browser:
+        command.append("--no-browser")
+    if settings is not None:
+        command.append(f"--LabApp.app_settings_dir={settings}")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        command.append("--allow-root")  # containers often run as root; Jupyter refuses that unless told
+    return command
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Write the default-viewer override, then run JupyterLab until it is stopped."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=None, help="serve on this port (default: Jupyter's, 8888 or the next free)")
+    parser.add_argument("--no-browser", action="store_true", help="do not open a browser (print the URL only)")
+    args = parser.parse_args(argv)
+    print(f"[lab] Python files open as notebooks: {write_overrides(settings_dir())}")
+    try:
+        return subprocess.call(lab_command(port=args.port, open_browser=not args.no_browser))
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

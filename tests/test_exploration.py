@@ -1,0 +1,174 @@
+"""Interactive exploration: cells log completions and live curves; the reward-debug and explore-a-cell notebooks
+run on the smoke world and show what they promise."""
+from __future__ import annotations
+
+import nbformat
+import pandas as pd
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from reward_density.analysis.explore import completions_over_training, problem_changes
+from reward_density.analysis.load import load_cell
+from reward_density.analysis.reward_debug import completion_table, token_table, trace_rewards, verdict_reason
+from reward_density.data.answer_check import Verdict
+from reward_density.data.problems import Problem
+from reward_density.experiment import cell_folder
+from reward_density.experiment.cell import CellWriter
+from reward_density.experiment.profiles import REPO_ROOT, cell_config, load_profile
+from reward_density.grpo.deposits import Deposits
+from reward_density.grpo.text_rollout import rollout_from_text
+from reward_density.run.cli import main
+from reward_density.run.notebooks import execute_notebook
+
+SMOKE = load_profile(REPO_ROOT / "params" / "smoke.yaml")
+
+
+@pytest.fixture(scope="module")
+def process_cells(smoke_project):
+    """The smoke project with its process arms trained (finished cells with logged completions)."""
+    assert main(["--profile", "smoke", "--root", str(smoke_project), "--stages", "baseline,cells",
+                 "--cells", "process-*"]) == 0
+    return smoke_project / "outputs" / "smoke" / "cells"
+
+
+def outputs_text(notebook_path) -> str:
+    """Every text and HTML output of an executed notebook, joined."""
+    notebook = nbformat.read(notebook_path, as_version=4)
+    parts = []
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            parts += [output.get("text", ""), data.get("text/plain", ""), data.get("text/html", "")]
+    return "\n".join(map(str, parts))
+
+
+# ------------------------------------------------------------------ what a cell writes while it trains
+
+
+def test_a_cell_logs_its_greedy_completions_at_every_evaluation(process_cells):
+    cell = load_cell(process_cells / "process-r1-s0")
+    steps = sorted(cell.evals["step"])
+    assert sorted(cell.completions["step"].unique()) == steps, "a logged evaluation is missing"
+    per_step = cell.completions.groupby("step")["problem_id"].apply(list)
+    first = cell.answers[cell.answers["step"] == 0]["problem_id"].tolist()
+    assert all(ids == first[: len(ids)] for ids in per_step), "logged completions must be the first held-out problems"
+    assert cell.completions["prompt"].str.startswith("Question:").all(), "each logged completion carries its prompt"
+    assert "completion" not in cell.answers, "answers.csv stays one small row per problem: no completion text"
+
+
+def test_a_cell_reports_its_curves_to_tensorboard(process_cells):
+    events = EventAccumulator(str(process_cells / "process-rfull-s0"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/reward_mean", "train/kl_ref", "eval/pass1"} <= tags, f"tags written: {sorted(tags)}"
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2]
+
+
+def test_the_live_board_has_a_step_before_the_cell_finishes(tmp_path):
+    config = cell_config(SMOKE, "outcome", 1, 0, out_dir=tmp_path / "cell", report_to="tensorboard")
+    writer = CellWriter(config)
+    writer.add_step({"step": 1, "loss": 0.25, "reward_mean": 0.5, "arms": 6})
+    events = EventAccumulator(str(tmp_path / "cell"))
+    events.Reload()  # the cell has not finished: summary.json is absent, the board is still open
+    assert not cell_folder.is_finished(tmp_path / "cell")
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 0.25)]
+    writer.board.close()
+
+
+# ------------------------------------------------------------------ the library behind the notebooks
+
+
+def test_a_text_rollout_ends_each_completion_with_eos_unless_it_was_cut(tiny_tokenizer):
+    problems = [Problem("a", "Problem: 1 + 2 = ?\n", "3"), Problem("b", "Problem: 2 + 2 = ?\n", "4")]
+    rollout = rollout_from_text(tiny_tokenizer, problems, ["3", "4 4"], truncated=[False, True])
+    lengths = rollout.completion_mask.sum(-1).tolist()
+    ids = tiny_tokenizer(["3", "4 4"], add_special_tokens=False)["input_ids"]
+    assert lengths == [len(ids[0]) + 1, len(ids[1])], "EOS closes a finished completion, not a truncated one"
+    assert rollout.completion_ids[0, lengths[0] - 1] == tiny_tokenizer.eos_token_id
+    with pytest.raises(ValueError, match="one completion per row"):
+        rollout_from_text(tiny_tokenizer, problems, ["3"])
+
+
+def test_each_deposit_sits_on_its_token_and_each_token_in_its_step(tiny_tokenizer):
+    problems = [Problem("a", "Problem: 1 + 2 = ?\n", "3")] * 2
+    rollout = rollout_from_text(tiny_tokenizer, problems, ["1 + 2\n= 3", "5"], group_size=2)
+
+    def last_token_reward(r) -> Deposits:  # an outcome-shaped deposit: 1 on the last token of row 0
+        mask = r.completion_mask.bool()
+        rewards = torch.zeros(mask.shape)
+        last = mask.sum(-1) - 1
+        rewards[0, last[0]] = 1.0
+        deposit_mask = torch.zeros_like(mask)
+        deposit_mask[torch.arange(2), last] = True
+        return Deposits(rewards, deposit_mask, rewards.sum(-1))
+
+    class Checker:
+        def check(self, golds, completions):
+            return [Verdict.CORRECT, Verdict.UNPARSABLE]
+
+    trace = trace_rewards(rollout, {"outcome": last_token_reward}, Checker(), advantage_eps=1e-4)
+    table = token_table(tiny_tokenizer, trace, 0)
+    assert table["outcome"].notna().tolist() == [False] * (len(table) - 1) + [True], "one deposit, on the last token"
+    assert table["step"].iloc[0] == 1 and table["step"].max() == 2, "two reasoning steps (lines)"
+    assert table["step"].iloc[-1] == 0, "the EOS token after the last step belongs to no step"
+    assert table["outcome advantage"].iloc[0] > 0, "the rewarded completion's tokens get a positive advantage"
+    summary = completion_table(trace, timeout_seconds=5)
+    assert summary["steps"].tolist() == [2, 1] and summary["verdict"].tolist() == ["correct", "unparsable"]
+
+
+@pytest.mark.parametrize("verdict, completion, expected", [
+    (Verdict.CORRECT, "so \\boxed{7}", "the answer 7 equals the gold 7"),
+    (Verdict.WRONG, "so \\boxed{8}", "the answer 8 does not equal the gold 7"),
+    (Verdict.UNPARSABLE, "so 8", "no \\boxed{} answer"),
+    (Verdict.TIMEOUT, "so \\boxed{x^x^x}", "longer than 5 s"),
+])
+def test_the_verdict_reason_says_why(verdict, completion, expected):
+    assert expected in verdict_reason(verdict, completion, "7", timeout_seconds=5)
+
+
+def test_learned_problems_come_first_and_forgotten_last():
+    answers = pd.DataFrame({"step": [0, 0, 0, 5, 5, 5], "problem_id": ["a", "b", "c"] * 2, "correct": [0, 1, 1, 1, 0, 1]})
+    table = problem_changes(answers)
+    assert table["problem_id"].tolist() == ["a", "c", "b"]
+    assert table["change"].tolist() == [1, 0, -1]
+
+
+def test_completions_are_followed_per_problem_over_the_evaluations():
+    logged = pd.DataFrame({"step": [0, 0, 10, 10], "problem_id": ["a", "b", "a", "b"],
+                           "completion": ["x", "y", "x2", "y2"], "verdict": ["wrong", "correct"] * 2})
+    table = completions_over_training(logged, problems=1)
+    assert table.loc["a"].tolist() == ["[wrong] x", "[wrong] x2"] and list(table.columns) == [0, 10]
+
+
+# ------------------------------------------------------------------ the notebooks on the smoke world
+
+
+def test_the_reward_debug_notebook_samples_groups_and_shows_every_reward(smoke_project, tmp_path):
+    out = tmp_path / "reward_debug.ipynb"
+    execute_notebook(REPO_ROOT / "notebooks" / "reward_debug.py", out,
+                     {"profile": "smoke", "root": str(smoke_project), "regime": "process", "problems": 2, "group_size": 2})
+    text = outputs_text(out)
+    assert "4 completions sampled: 2 for each of 2 problems" in text
+    for column in ("outcome reward", "process reward", "distillation reward", "process mean advantage", "why"):
+        assert column in text, f"the completion table lacks {column!r}"
+    assert "<span title=" in text, "the tokens were not shown coloured"
+
+
+def test_the_reward_debug_notebook_scores_the_completions_a_cell_logged(process_cells, smoke_project, tmp_path):
+    out = tmp_path / "reward_debug_cell.ipynb"
+    execute_notebook(REPO_ROOT / "notebooks" / "reward_debug.py", out,
+                     {"profile": "smoke", "root": str(smoke_project), "cell": str(process_cells / "process-rfull-s0")})
+    text = outputs_text(out)
+    assert "greedy completions logged by process-rfull-s0 at step 2" in text
+    assert "process reward" in text and "mean advantage" not in text, "logged completions have no group"
+
+
+def test_the_explore_notebook_opens_a_finished_cell(process_cells, tmp_path):
+    out = tmp_path / "explore_cell.ipynb"
+    execute_notebook(REPO_ROOT / "notebooks" / "explore_cell.py", out, {"cell": str(process_cells / "process-r2-s0")})
+    text = outputs_text(out)
+    assert "process-r2-s0: regime process, rank 2" in text and "finished" in text
+    assert "learned" in text and "forgotten" in text
+    first = load_cell(process_cells / "process-r2-s0").completions.iloc[0]
+    assert f"[{first['verdict']}]" in text, "the completions over training were not shown"
