@@ -12,7 +12,6 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -50,25 +49,26 @@ def lab(tmp_path_factory):
     """`./run_all.sh lab`'s server (tools/lab.py's command) on a free loopback port, with a token."""
     settings = write_overrides(tmp_path_factory.mktemp("lab-settings")).parent
     port, token = free_port(), secrets.token_hex(16)
-    log = open(tmp_path_factory.mktemp("lab-log") / "lab.log", "w")
+    log_path = tmp_path_factory.mktemp("lab-log") / "lab.log"
     workspaces = tmp_path_factory.mktemp("lab-workspaces")  # the tabs the tests open stay out of the user's Lab
     command = lab_command(REPO_ROOT, port=port, token=token, open_browser=False, settings=settings)
-    process = subprocess.Popen([*command, f"--LabApp.workspaces_dir={workspaces}"], stdout=log, stderr=subprocess.STDOUT)
-    server = Lab(f"http://127.0.0.1:{port}", token, process)
-    deadline = time.time() + START_SECONDS
-    while True:
-        try:
-            server.api("/api/status")
-            break
-        except (urllib.error.URLError, ConnectionError):
-            if process.poll() is not None or time.time() > deadline:
-                process.kill()
-                pytest.fail(f"JupyterLab did not start in {START_SECONDS} s; its log: {Path(log.name).read_text()[-2000:]}")
-            time.sleep(0.5)
-    yield server
-    process.terminate()
-    process.wait(timeout=30)
-    log.close()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen([*command, f"--LabApp.workspaces_dir={workspaces}"], stdout=log,
+                                   stderr=subprocess.STDOUT)
+        server = Lab(f"http://127.0.0.1:{port}", token, process)
+        deadline = time.time() + START_SECONDS
+        while True:
+            try:
+                server.api("/api/status")
+                break
+            except (urllib.error.URLError, ConnectionError):
+                if process.poll() is not None or time.time() > deadline:
+                    process.kill()
+                    pytest.fail(f"JupyterLab did not start in {START_SECONDS} s; its log: {log_path.read_text()[-2000:]}")
+                time.sleep(0.5)
+        yield server
+        process.terminate()
+        process.wait(timeout=30)
 
 
 def test_the_lab_settings_open_python_files_as_notebooks(tmp_path):

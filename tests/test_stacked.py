@@ -14,6 +14,7 @@ from reward_density.grpo.policy import Policy, PolicyConfig
 from reward_density.grpo.sampler import SamplingConfig, sample_rollout
 from reward_density.grpo.stacked import StackedPolicy, check_stackable, completion_logprobs
 from reward_density.grpo.step import StepConfig, grpo_step, stacked_grpo_step
+from reward_density.grpo.token_selection import TokenSelection
 from reward_density.tools.stand_ins import build_qwen3
 
 PROBLEMS = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\nStep 1:", "41")]
@@ -105,10 +106,18 @@ def test_an_arm_samples_what_its_policy_samples_alone(model, tiny_tokenizer):
         assert together.completions[a * n:(a + 1) * n] == alone.completions
 
 
+METHODS = {  # the token-selection papers' methods are StepConfig settings of the same step
+    "grpo": {},
+    "s_grpo": {"token_selection": TokenSelection(alpha=2, k=5, p=0.5)},
+    "t_spmo": {"advantage_estimator": "prefix_trie", "l2": 0.01},
+}
+
+
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("reward", [sparse_reward, dense_reward], ids=["sparse", "dense"])
-def test_one_stacked_step_is_each_arms_own_grpo_step(model, tiny_tokenizer, reward):
+def test_one_stacked_step_is_each_arms_own_grpo_step(model, tiny_tokenizer, reward, method):
     config = StepConfig(group_size=3, sampling=SamplingConfig(10, temperature=0.9),
-                        loss=LossConfig(beta=0.05, kl_estimator="k3"), max_grad_norm=0.5)
+                        loss=LossConfig(beta=0.05, kl_estimator="k3"), max_grad_norm=0.5, **METHODS[method])
     rates = [3e-3, 1e-3, 1e-4]
     stacked, arms = StackedPolicy(copy.deepcopy(model), CONFIGS, SEED), policies(model)
     optimizer = torch.optim.AdamW([{"params": stacked.parameters(a), "lr": lr} for a, lr in enumerate(rates)],
@@ -117,7 +126,7 @@ def test_one_stacked_step_is_each_arms_own_grpo_step(model, tiny_tokenizer, rewa
     for a, (policy, lr) in enumerate(zip(arms, rates)):
         own = torch.optim.AdamW(policy.trainable_parameters(), lr=lr, weight_decay=0.01)
         row = grpo_step(policy, tiny_tokenizer, own, PROBLEMS, reward, config, seed=7)
-        for key in ("loss", "reward_mean", "advantage_std", "kl_ref", "grad_norm", "len_mean"):
+        for key in ("loss", "reward_mean", "advantage_std", "kl_ref", "grad_norm", "len_mean", "loss_tokens"):
             assert rows[a][key] == pytest.approx(row[key], rel=1e-4, abs=1e-6), f"arm {CONFIGS[a]}: {key}"
         for name, ours, theirs in paired_parameters(stacked, a, policy):
             torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5,

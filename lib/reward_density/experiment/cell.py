@@ -24,9 +24,11 @@ from ..data.sources import load_causal_lm, load_tokenizer
 from ..grpo.loss import LossConfig
 from ..grpo.policy import Policy, PolicyConfig
 from ..grpo.precision import autocast, frozen_dtype
+from ..grpo.replay import ReplayBuffer, ReplayConfig
 from ..grpo.sampler import SamplingConfig
 from ..grpo.stacked import StackedPolicy
 from ..grpo.step import StepConfig, grpo_step, stacked_grpo_step
+from ..grpo.token_selection import TokenSelection
 from ..rewards import RewardModule, build_reward
 from . import cell_folder
 from .config import SFT, CellConfig
@@ -40,8 +42,17 @@ def step_config(config: CellConfig) -> StepConfig:
     loss = LossConfig(beta=config.beta, kl_estimator=config.kl_estimator, normalisation=config.loss_normalisation,
                       constant_length=config.max_new_tokens)
     sampling = SamplingConfig(config.max_new_tokens, temperature=config.temperature, top_p=config.top_p)
+    selection = None if config.token_alpha is None else TokenSelection(config.token_alpha, config.token_k, config.token_p)
     return StepConfig(config.group_size, sampling, loss, config.advantage_eps, config.max_grad_norm,
-                      precision=config.precision, micro_batch_size=config.micro_batch_size, track_kl=config.track_kl)
+                      precision=config.precision, micro_batch_size=config.micro_batch_size, track_kl=config.track_kl,
+                      advantage_estimator=config.advantage_estimator, token_selection=selection, l2=config.l2)
+
+
+def replay_config(config: CellConfig) -> ReplayConfig | None:
+    """T-SPMO's replay settings of a cell, or None when it replays nothing."""
+    if config.replay_successes == config.replay_failures == 0:
+        return None
+    return ReplayConfig(config.replay_threshold, config.replay_successes, config.replay_failures)
 
 
 def policy_config(config: CellConfig) -> PolicyConfig:
@@ -247,6 +258,9 @@ def check_group(configs: list[CellConfig]) -> None:
             raise ValueError(f"{config.name} cannot train beside {configs[0].name}: they differ in {differing}")
     if len(configs) > 1 and configs[0].engine != "stacked":
         raise ValueError("engine peft trains one cell per process; several arms together need engine: stacked")
+    if configs[0].engine == "stacked" and replay_config(configs[0]) is not None:
+        raise ValueError("T-SPMO's replay restarts each arm from its own completions, which the stacked engine's "
+                         "shared prompts cannot do: use engine: peft")
 
 
 def make_policy(configs: list[CellConfig], student: torch.nn.Module) -> Policy | StackedPolicy:
@@ -301,6 +315,8 @@ def train(configs: list[CellConfig], inputs: CellInputs, policy: Policy | Stacke
     per_step = (config.sft_batch_size or config.prompts_per_step * config.group_size) if config.regime == SFT \
         else config.prompts_per_step
     problems = batches(inputs.train, per_step, config.seed)
+    replaying = replay_config(config)
+    replay = None if replaying is None else ReplayBuffer(replaying, config.seed)
     for step in bar:
         batch, seed = next(problems), config.seed * 1_000_003 + step
         if config.regime == SFT:
@@ -308,7 +324,8 @@ def train(configs: list[CellConfig], inputs: CellInputs, policy: Policy | Stacke
         elif isinstance(policy, StackedPolicy):
             rows = stacked_grpo_step(policy, inputs.tokenizer, optimizer, batch, inputs.reward, settings, seed=seed)
         else:
-            rows = [grpo_step(policy, inputs.tokenizer, optimizer, batch, inputs.reward, settings, seed=seed)]
+            rows = [grpo_step(policy, inputs.tokenizer, optimizer, batch, inputs.reward, settings, seed=seed,
+                              replay=replay)]
         for writer, row in zip(writers, rows):
             writer.add_step({"step": step, **row})
         if step % config.eval_every == 0 or step == config.steps:

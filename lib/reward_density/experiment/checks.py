@@ -72,7 +72,9 @@ positive_number = _bounded("a positive number", lambda x: x > 0)
 non_negative_number = _bounded("a number >= 0", lambda x: x >= 0)
 top_p_number = _bounded("a number in (0, 1]", lambda x: 0 < x <= 1)
 dropout_number = _bounded("a number in [0, 1)", lambda x: 0 <= x < 1)
+probability = _bounded("a probability in [0, 1]", lambda x: 0 <= x <= 1)
 open_unit_number = _bounded("a number in (0, 1)", lambda x: 0 < x < 1)
+any_number = _bounded("a number", lambda x: x == x)  # NaN is not one
 
 
 def boolean(value: Any) -> bool:

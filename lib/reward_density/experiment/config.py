@@ -16,10 +16,12 @@ from typing import Any
 
 from ..grpo.loss import KL_ESTIMATORS, NORMALISATIONS
 from ..grpo.precision import PRECISIONS
+from ..grpo.step import ADVANTAGE_ESTIMATORS
 from ..rewards import REGIMES
 from .checks import (
     Checker,
     InvalidValue,
+    any_number,
     boolean,
     dropout_number,
     int_at_least_two,
@@ -30,6 +32,7 @@ from .checks import (
     optional,
     positive_int,
     positive_number,
+    probability,
     prompt_template,
     string_list,
     top_p_number,
@@ -120,6 +123,25 @@ class CellConfig:
     sft_batch_size: int | None = setting(None, check=optional(positive_int),
                                          doc="solutions per step of the SFT control (unset: P x G)")
 
+    # The token-selection papers' variants of the step (grpo/token_selection.py, grpo/prefix_trie.py).
+    advantage_estimator: str = setting("group", check=one_of(*ADVANTAGE_ESTIMATORS),
+                                       doc="group: GRPO's (Eq. 3-4) | prefix_trie: T-SPMO's A(v|p) over each "
+                                           "group's prefix trie, once per unique (prefix, token)")
+    token_alpha: int | None = setting(None, check=optional(non_negative_int),
+                                      doc="S-GRPO: the first this many tokens always enter the loss (set with "
+                                          "token_k and token_p; unset: every token, GRPO)")
+    token_k: int | None = setting(None, check=optional(positive_int), doc="S-GRPO: at most this many tokens in the loss")
+    token_p: float | None = setting(None, check=optional(probability),
+                                    doc="S-GRPO: each later token enters with this probability while there is room")
+    l2: float = setting(0.0, check=non_negative_number,
+                        doc="T-SPMO's penalty lambda * sum ||W||^2 on the trainable weights")
+    replay_successes: int = setting(0, check=non_negative_int,
+                                    doc="T-SPMO's replay: stored successes restarted per step (engine peft)")
+    replay_failures: int = setting(0, check=non_negative_int,
+                                   doc="T-SPMO's replay: stored failures restarted per step (engine peft)")
+    replay_threshold: float = setting(1.0, check=any_number,
+                                      doc="T-SPMO's replay: a completion with at least this reward is a success")
+
     # Evaluation: greedy pass@1 on a fixed held-out set.
     eval_every: int = setting(10, check=positive_int, doc="evaluate every this many steps (and at 0 and the end)")
     eval_problems: int = setting(100, check=positive_int, doc="the first this many held-out problems (the SFT control: all its facts)")
@@ -178,6 +200,10 @@ class CellConfig:
                 f.metadata["check"](value)
             except InvalidValue as exc:
                 raise ValueError(f"cell setting {f.name} = {value!r}: expected {exc}") from None
+        rule = {"token_alpha": self.token_alpha, "token_k": self.token_k, "token_p": self.token_p}
+        if None in rule.values() and any(v is not None for v in rule.values()):
+            missing = sorted(k for k, v in rule.items() if v is None)
+            raise ValueError(f"S-GRPO's token rule needs token_alpha, token_k and token_p together; {missing} unset")
 
     @classmethod
     def settings(cls, *sections: str) -> list[Field]:

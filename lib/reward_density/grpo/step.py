@@ -20,9 +20,15 @@ from .logprobs import completion_logprobs, micro_batches
 from .loss import BatchTotals, LossConfig, LossOutput, grpo_loss
 from .policy import Policy
 from .precision import autocast, check_precision
+from .prefix_trie import prefix_advantages
+from .replay import ReplayBuffer
 from .rollout import Rollout
-from .sampler import SamplingConfig, sample_rollout
+from .sampler import SamplingConfig, sample_rollout, special_token_ids
 from .stacked import StackedPolicy
+from .token_selection import TokenSelection, select_tokens
+
+ADVANTAGE_ESTIMATORS = ("group", "prefix_trie")
+REPLAY_SEED_OFFSET = 500_009  # the replay update's sampling stream, apart from every step's own
 
 
 @dataclass(frozen=True)
@@ -37,8 +43,16 @@ class StepConfig:
     track_kl: bool = False  # score the reference even when beta = 0, to plot KL against rank
     precision: str = "fp32"  # or "bf16": forward passes under bf16 autocast (precision.py)
     micro_batch_size: int | None = None  # rows per forward/backward pass; None: the whole batch at once
+    advantage_estimator: str = "group"  # group: GRPO's (Eq. 3-4); prefix_trie: T-SPMO's over the group's trie
+    token_selection: TokenSelection | None = None  # S-GRPO's subset of tokens in the loss; None: all (GRPO)
+    l2: float = 0.0  # lambda of T-SPMO's penalty lambda * sum ||W||^2 on the trainable weights (its Eq. 10)
 
     def __post_init__(self) -> None:
+        if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"unknown advantage estimator {self.advantage_estimator!r}; expected one of "
+                             f"{ADVANTAGE_ESTIMATORS}")
+        if not self.l2 >= 0:
+            raise ValueError(f"the L2 penalty must be >= 0, got {self.l2}")
         if not (isinstance(self.group_size, int) and self.group_size >= 1):
             raise ValueError(f"group_size must be a positive integer, got {self.group_size!r}")
         if self.sampling.temperature == 0:
@@ -59,8 +73,10 @@ def grpo_step(
     reward: RewardModule,
     config: StepConfig,
     seed: int,
+    replay: ReplayBuffer | None = None,
 ) -> dict[str, float]:
-    """Run one GRPO update on P problems x G samples and return its metrics row."""
+    """Run one GRPO update on P problems x G samples and return its metrics row; with a replay buffer (T-SPMO),
+    then a second update on groups restarted from inside stored completions (replay.py)."""
     start = time.perf_counter()
     model = policy.model
     model.eval()
@@ -71,10 +87,7 @@ def grpo_step(
 
     with autocast(device, config.precision):
         deposits = reward(rollout)
-    mask = rollout.completion_mask
-    advantages = compute_advantages(
-        deposits.token_rewards, deposits.deposit_mask, mask, config.group_size, config.advantage_eps
-    )
+    advantages, subset = loss_inputs(rollout, deposits, config, seed)
     rewarded = time.perf_counter()
 
     ref_logps = None
@@ -83,22 +96,63 @@ def grpo_step(
             ref_logps = policy.reference_logprobs(rollout, config.sampling.temperature, config.micro_batch_size)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    out = _backward(model, device, rollout, advantages, ref_logps, config)
+    out = _backward(model, device, rollout, advantages, subset, ref_logps, config)
+    out.loss += l2_penalty(policy.trainable_parameters(), config.l2)
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm)
     optimizer.step()
     done = time.perf_counter()
 
     timings = {"step_seconds": done - start, "generate_seconds": generated - start,
                "reward_seconds": rewarded - generated, "train_seconds": done - rewarded}
-    return step_metrics(rollout, deposits, advantages, out, float(grad_norm)) | timings
+    row = step_metrics(rollout, deposits, advantages, subset, out, float(grad_norm)) | timings
+    if replay is None:
+        return row
+    replay.add(problems, rollout, deposits.trajectory_rewards, special_token_ids(tokenizer)[0])
+    replayed = replay.draw(tokenizer)
+    if not replayed:
+        return row | {"replayed": 0}
+    again = grpo_step(policy, tokenizer, optimizer, replayed, reward, config, seed=seed + REPLAY_SEED_OFFSET)
+    return row | {"replayed": len(replayed), "replay_loss": again["loss"], "replay_reward_mean": again["reward_mean"]}
 
 
-def step_metrics(rollout: Rollout, deposits: Deposits, advantages: torch.Tensor, out: LossOutput,
-                 grad_norm: float) -> dict[str, float]:
+def loss_inputs(rollout: Rollout, deposits: Deposits, config: StepConfig, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What the loss weights each token's log-prob by, and which tokens it counts (None: every valid one).
+
+    group: GRPO's advantages from the deposits (Eq. 3-4). prefix_trie: T-SPMO's A(v | p) from the trajectory
+    rewards, once per unique transition, times the token's sampled probability: its objective is
+    pi_theta(v | p) A(v | p) (Eq. 10), whose gradient at the sampled policy is the ratio surrogate's with that
+    weight. A token selection (S-GRPO, Eq. 6; drawn from the step's seed) then keeps a subset of those tokens.
+    """
+    if config.advantage_estimator == "prefix_trie":
+        advantages, subset = prefix_advantages(rollout.completion_ids, rollout.completion_mask,
+                                               deposits.trajectory_rewards, config.group_size)
+        advantages = advantages * rollout.sampler_logps.exp()
+    else:
+        advantages = compute_advantages(deposits.token_rewards, deposits.deposit_mask, rollout.completion_mask,
+                                        config.group_size, config.advantage_eps)
+        subset = None
+    if config.token_selection is not None:
+        chosen = select_tokens(rollout.completion_mask, config.token_selection, torch.Generator().manual_seed(seed))
+        subset = chosen if subset is None else subset & chosen
+    return advantages, subset
+
+
+def l2_penalty(parameters: Sequence[torch.Tensor], coefficient: float) -> torch.Tensor:
+    """lambda * sum ||W||^2 over the parameters, its gradient accumulated; 0 (and nothing done) at lambda 0."""
+    if coefficient == 0:
+        return torch.zeros(())
+    penalty = coefficient * sum(p.pow(2).sum() for p in parameters)
+    penalty.backward()
+    return penalty.detach().cpu()
+
+
+def step_metrics(rollout: Rollout, deposits: Deposits, advantages: torch.Tensor, subset: torch.Tensor | None,
+                 out: LossOutput, grad_norm: float) -> dict[str, float]:
     """The metrics row of one policy's step: statistics over valid tokens only."""
     mask = rollout.completion_mask.bool()
     valid = advantages[mask]
     lengths = mask.sum(-1).float()
+    in_loss = mask if subset is None else mask & subset
     return {
         "loss": float(out.loss.detach()),
         "reward_mean": float(deposits.trajectory_rewards.mean()),
@@ -108,6 +162,7 @@ def step_metrics(rollout: Rollout, deposits: Deposits, advantages: torch.Tensor,
         "clip_frac": out.clip_frac,
         "ratio_mean": out.ratio_mean,
         "grad_norm": grad_norm,
+        "loss_tokens": float(in_loss.sum(-1).float().mean()),  # per completion (the token-selection papers' Table 3)
         "len_mean": float(lengths.mean()),
         "len_max": float(lengths.max()),
         "frac_truncated": float(rollout.truncated.float().mean()),
@@ -142,8 +197,7 @@ def stacked_grpo_step(
     per_arm = rollout.num_completions // policy.n_arms
     shares = [rollout.rows(a * per_arm, (a + 1) * per_arm) for a in range(policy.n_arms)]
     deposits = [reward(share) for share in shares]
-    advantages = [compute_advantages(d.token_rewards, d.deposit_mask, share.completion_mask, config.group_size,
-                                     config.advantage_eps) for d, share in zip(deposits, shares)]
+    advantages, subsets = zip(*(loss_inputs(share, d, config, seed) for share, d in zip(shares, deposits)))
     rewarded = time.perf_counter()
 
     temperature = config.sampling.temperature
@@ -153,9 +207,11 @@ def stacked_grpo_step(
     for a, share in enumerate(shares):
         rows = slice(a * per_arm, (a + 1) * per_arm)
         outs.append(grpo_loss(logps[rows], share.sampler_logps, advantages[a], share.completion_mask, config.loss,
-                              ref_logps=None if ref_logps is None else ref_logps[rows]))
+                              ref_logps=None if ref_logps is None else ref_logps[rows], token_subset=subsets[a]))
     optimizer.zero_grad(set_to_none=True)
     sum(out.loss for out in outs).backward()
+    for a, out in enumerate(outs):
+        out.loss = out.loss.detach() + l2_penalty(policy.parameters(a), config.l2)
     grad_norms = [torch.nn.utils.clip_grad_norm_(policy.parameters(a), config.max_grad_norm)
                   for a in range(policy.n_arms)]
     optimizer.step()
@@ -163,26 +219,28 @@ def stacked_grpo_step(
 
     timings = {"step_seconds": done - start, "generate_seconds": generated - start,
                "reward_seconds": rewarded - generated, "train_seconds": done - rewarded, "arms": policy.n_arms}
-    return [step_metrics(share, d, adv, out, float(norm)) | timings
-            for share, d, adv, out, norm in zip(shares, deposits, advantages, outs, grad_norms)]
+    return [step_metrics(share, d, adv, subset, out, float(norm)) | timings
+            for share, d, adv, subset, out, norm in zip(shares, deposits, advantages, subsets, outs, grad_norms)]
 
 
 def _backward(
-    model: torch.nn.Module, device: torch.device, rollout, advantages: torch.Tensor, ref_logps: torch.Tensor | None,
-    config: StepConfig,
+    model: torch.nn.Module, device: torch.device, rollout, advantages: torch.Tensor, subset: torch.Tensor | None,
+    ref_logps: torch.Tensor | None, config: StepConfig,
 ) -> LossOutput:
     """Loss and gradients one micro-batch at a time; they add up to the whole batch's (loss.BatchTotals)."""
     mask = rollout.completion_mask
-    totals = BatchTotals(rows=mask.shape[0], tokens=float(mask.sum()))
+    in_loss = mask.bool() if subset is None else mask.bool() & subset
+    totals = BatchTotals(rows=mask.shape[0], tokens=float(in_loss.sum()))
     total = LossOutput(torch.zeros(()), 0.0, 0.0, 0.0)
     for rows in micro_batches(mask.shape[0], config.micro_batch_size):
         with autocast(device, config.precision):
             logps = completion_logprobs(model, rollout.prompt_ids[rows], rollout.prompt_mask[rows],
                                         rollout.completion_ids[rows], mask[rows], config.sampling.temperature)
             out = grpo_loss(logps, rollout.sampler_logps[rows], advantages[rows], mask[rows], config.loss,
-                            ref_logps=None if ref_logps is None else ref_logps[rows], totals=totals)
+                            ref_logps=None if ref_logps is None else ref_logps[rows],
+                            token_subset=None if subset is None else subset[rows], totals=totals)
         out.loss.backward()
-        share = float(mask[rows].sum()) / max(totals.tokens, 1)  # statistics: token-weighted means
+        share = float(in_loss[rows].sum()) / max(totals.tokens, 1)  # statistics: token-weighted means
         total.loss += out.loss.detach().cpu()
         total.kl_ref += out.kl_ref * share
         total.clip_frac += out.clip_frac * share

@@ -1,0 +1,196 @@
+"""The token-selection papers' methods: S-GRPO's token rule, T-SPMO's prefix-trie advantages, and the
+per-completion backward GRPO baseline."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from reward_density.data.problems import Problem
+from reward_density.experiment.cell import check_group, step_config
+from reward_density.experiment.profiles import REPO_ROOT, cell_config, group_configs, load_profile
+from reward_density.grpo.deposits import Deposits
+from reward_density.grpo.loss import LossConfig
+from reward_density.grpo.policy import Policy, PolicyConfig
+from reward_density.grpo.prefix_trie import prefix_advantages
+from reward_density.grpo.replay import ReplayBuffer, ReplayConfig
+from reward_density.grpo.sampler import SamplingConfig
+from reward_density.grpo.step import StepConfig, grpo_step
+from reward_density.grpo.text_rollout import rollout_from_text
+from reward_density.grpo.token_selection import TokenSelection, select_tokens
+from reward_density.tools.stand_ins import build_qwen3
+
+# ------------------------------------------------------------------ S-GRPO (Eq. 6)
+
+
+def lengths_mask(lengths: list[int], width: int) -> torch.Tensor:
+    return torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+
+
+def test_the_first_alpha_tokens_are_always_chosen_and_never_more_than_k():
+    mask = lengths_mask([40, 3, 25, 0], 40).repeat(50, 1)
+    chosen = select_tokens(mask, TokenSelection(alpha=4, k=10, p=0.7), torch.Generator().manual_seed(0))
+    assert not (chosen & ~mask).any(), "a padding position was chosen"
+    early = mask & (torch.arange(40) < 4)
+    assert (chosen | ~early).all(), "a token before alpha was left out"
+    assert (chosen.sum(-1) <= 10).all(), f"up to {int(chosen.sum(-1).max())} tokens chosen, k = 10"
+
+
+def test_later_tokens_are_chosen_with_probability_p_while_there_is_room():
+    mask = lengths_mask([100] * 400, 100)
+    chosen = select_tokens(mask, TokenSelection(alpha=5, k=1000, p=0.3), torch.Generator().manual_seed(1))
+    late = chosen[:, 5:].float().mean()
+    assert abs(float(late) - 0.3) < 0.01, f"later tokens chosen at rate {float(late):.3f}, P = 0.3"
+
+
+def test_the_k_chosen_tokens_are_the_first_k_candidates():
+    mask = lengths_mask([30], 30)
+    chosen = select_tokens(mask, TokenSelection(alpha=0, k=6, p=1.0), torch.Generator().manual_seed(0))
+    assert chosen[0].tolist() == [True] * 6 + [False] * 24, "with p = 1 the first k tokens are the subset"
+    assert select_tokens(mask, TokenSelection(2, 5, 0.0), torch.Generator())[0].sum() == 2, "p = 0: alpha only"
+
+
+@pytest.mark.parametrize("alpha, k, p, message", [(-1, 5, 0.5, "alpha"), (2, 0, 0.5, "k must"), (2, 5, 1.5, "p must")])
+def test_a_bad_token_rule_is_refused(alpha, k, p, message):
+    with pytest.raises(ValueError, match=message):
+        TokenSelection(alpha, k, p)
+
+
+# ------------------------------------------------------------------ T-SPMO (Eq. 7-10)
+
+
+def padded(sequences: list[list[int]], width: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.zeros(len(sequences), width, dtype=torch.long)
+    for row, tokens in enumerate(sequences):
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+    return ids, lengths_mask([len(s) for s in sequences], width)
+
+
+def test_prefix_advantages_match_a_hand_built_trie():
+    # Group: [1 2 3] R=1, [1 2 4] R=0, [5] R=1. E[R | empty] = 2/3, E[R | 1] = E[R | 1 2] = 1/2.
+    ids, mask = padded([[1, 2, 3], [1, 2, 4], [5]])
+    advantages, subset = prefix_advantages(ids, mask, torch.tensor([1.0, 0.0, 1.0]), group_size=3)
+    expected = torch.zeros(3, 5)
+    expected[0, :3] = torch.tensor([1 / 2 - 2 / 3, 0.0, 1 - 1 / 2])  # (empty, 1), (1, 2), (1 2, 3)
+    expected[1, 2] = 0 - 1 / 2  # (1 2, 4); its (empty, 1) and (1, 2) were counted on row 0
+    expected[2, 0] = 1 - 2 / 3  # (empty, 5)
+    torch.testing.assert_close(advantages, expected)
+    assert subset.tolist() == [[True, True, True, False, False], [False, False, True, False, False],
+                               [True, False, False, False, False]], "each unique (prefix, token) counted once"
+
+
+def test_prefix_advantages_are_zero_without_a_contrast():
+    ids, mask = padded([[1, 2], [1, 3]])
+    same, _ = prefix_advantages(ids, mask, torch.tensor([0.5, 0.5]), group_size=2)
+    assert not same.any(), "equal rewards: no transition changes the expected reward"
+    alone, subset = prefix_advantages(ids, mask, torch.tensor([1.0, 0.0]), group_size=1)
+    assert not alone.any() and subset.tolist() == mask.tolist(), "a single completion: every transition, advantage 0"
+
+
+def test_groups_do_not_share_a_trie():
+    ids, mask = padded([[7], [8], [7], [8]])
+    advantages, subset = prefix_advantages(ids, mask, torch.tensor([1.0, 0.0, 0.0, 1.0]), group_size=2)
+    assert advantages[:, 0].tolist() == [0.5, -0.5, -0.5, 0.5] and subset[:, 0].all()
+
+
+# ------------------------------------------------------------------ the per-completion backward baseline
+
+
+def test_one_completion_at_a_time_gives_the_batched_steps_gradient(tiny_tokenizer):
+    problems = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\n", "41")]
+
+    def length_reward(rollout) -> Deposits:
+        mask = rollout.completion_mask.bool()
+        last = mask.sum(-1) - 1
+        rewards = torch.zeros(mask.shape)
+        rewards[torch.arange(mask.shape[0]), last] = (last % 3).float()
+        deposit_mask = torch.zeros_like(mask)
+        deposit_mask[torch.arange(mask.shape[0]), last] = True
+        return Deposits(rewards, deposit_mask, rewards.sum(-1))
+
+    model = build_qwen3(len(tiny_tokenizer), seed=0)
+    gradients = []
+    for micro_batch_size in (None, 1):  # the whole batch at once, then forward and backward per completion
+        torch.manual_seed(0)
+        policy = Policy(copy.deepcopy(model), PolicyConfig(rank=4), keep_reference=True)
+        config = StepConfig(3, SamplingConfig(8, temperature=0.9), LossConfig(beta=0.05),
+                            micro_batch_size=micro_batch_size, max_grad_norm=1e9)
+        optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=0.0)  # keep the gradient, move nothing
+        grpo_step(policy, tiny_tokenizer, optimizer, problems, length_reward, config, seed=5)
+        gradients.append([p.grad.clone() for p in policy.trainable_parameters()])
+    for batched, one_by_one in zip(*gradients):
+        torch.testing.assert_close(one_by_one, batched, atol=1e-6, rtol=1e-4)
+    assert any(g.abs().sum() > 0 for g in gradients[0]), "the test needs a non-zero gradient"
+
+
+# ------------------------------------------------------------------ chosen by a cell's params
+
+
+def test_a_cell_chooses_its_method_by_params():
+    profile = load_profile(REPO_ROOT / "params" / "smoke.yaml")
+    config = cell_config(profile, "outcome", 1, 0, token_alpha=2, token_k=8, token_p=0.5,
+                         advantage_estimator="prefix_trie", l2=0.01)
+    step = step_config(config)
+    assert step.token_selection == TokenSelection(2, 8, 0.5)
+    assert (step.advantage_estimator, step.l2) == ("prefix_trie", 0.01)
+    assert step_config(cell_config(profile, "outcome", 1, 0)).token_selection is None, "GRPO keeps every token"
+    with pytest.raises(ValueError, match="token_alpha, token_k and token_p together; \\['token_k', 'token_p'\\] unset"):
+        cell_config(profile, "outcome", 1, 0, token_alpha=2)
+    with pytest.raises(ValueError, match="advantage_estimator = 'trie'"):
+        cell_config(profile, "outcome", 1, 0, advantage_estimator="trie")
+
+
+# ------------------------------------------------------------------ T-SPMO's replay
+
+
+def rollout_of(tokenizer, problem: Problem, texts: list[str]):
+    return rollout_from_text(tokenizer, [problem] * len(texts), texts, group_size=len(texts))
+
+
+def test_replay_restarts_from_a_prefix_of_a_stored_success_or_failure(tiny_tokenizer):
+    problem = Problem("p", "Problem: 3 + 4 = ?\n", "7")
+    texts = ["3 + 4 = 7", "3 + 4 = 8", "4 + 3 = 7", "9"]
+    buffer = ReplayBuffer(ReplayConfig(threshold=1.0, successes=1, failures=5), seed=0)
+    buffer.add([problem], rollout_of(tiny_tokenizer, problem, texts), torch.tensor([1.0, 0.0, 1.0, 0.0]),
+               tiny_tokenizer.eos_token_id)
+    assert len(buffer.successes) == 2 and len(buffer.failures) == 2, "split at the threshold r"
+    drawn = buffer.draw(tiny_tokenizer)
+    assert len(drawn) == 3, "C_success = 1 of two successes, and both failures (C_failure = 5 > 2 stored)"
+    for restarted in drawn:
+        assert restarted.prompt.startswith(problem.prompt) and restarted.answer == "7"
+        kept = restarted.prompt[len(problem.prompt):]
+        assert any(text.startswith(kept) for text in texts), f"{kept!r} is not a prefix of a stored completion"
+        assert restarted.question == problem.prompt, "a PRM still sees the bare question"
+    assert len({p.problem_id for p in drawn}) == 3
+
+
+def test_a_step_with_replay_updates_again_on_the_replayed_groups(tiny_tokenizer):
+    problems = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\n", "41")]
+
+    def length_parity(rollout) -> Deposits:  # reward 1 for an odd-length completion, on its last token
+        mask = rollout.completion_mask.bool()
+        last = mask.sum(-1) - 1
+        rewards = torch.zeros(mask.shape)
+        rewards[torch.arange(mask.shape[0]), last] = (last % 2).float()
+        deposit_mask = torch.zeros_like(mask)
+        deposit_mask[torch.arange(mask.shape[0]), last] = True
+        return Deposits(rewards, deposit_mask, rewards.sum(-1))
+
+    torch.manual_seed(0)
+    policy = Policy(build_qwen3(len(tiny_tokenizer), seed=0), PolicyConfig(rank=2), keep_reference=False)
+    config = StepConfig(3, SamplingConfig(8, temperature=0.9), LossConfig(beta=0.0), advantage_estimator="prefix_trie",
+                        l2=0.01)
+    buffer = ReplayBuffer(ReplayConfig(threshold=1.0, successes=1, failures=1), seed=0)
+    row = grpo_step(policy, tiny_tokenizer, torch.optim.AdamW(policy.trainable_parameters(), lr=1e-3), problems,
+                    length_parity, config, seed=3, replay=buffer)
+    assert len(buffer.successes) + len(buffer.failures) == 6, "the step's 2 x 3 completions are stored"
+    assert row["replayed"] == min(1, len(buffer.successes)) + min(1, len(buffer.failures)) > 0
+    assert "replay_loss" in row and row["loss_tokens"] > 0
+
+
+def test_replay_is_refused_where_arms_share_their_prompts():
+    profile = load_profile(REPO_ROOT / "params" / "smoke.yaml")
+    configs = group_configs(profile, "outcome", [1, 2], 0, replay_failures=2)
+    with pytest.raises(ValueError, match="replay .* use engine: peft"):
+        check_group(configs)
