@@ -59,3 +59,12 @@ def test_cell_names_round_trip():
     assert cell_name("process", None, 2) == "process-rfull-s2"
     for bad in ("outcome", "outcome-r-s0", "outcome-rx-s0", "outcome-r4-sx", "outcome-r0-s1"):
         assert parse_cell_name(bad) is None, bad
+
+
+def test_a_cells_params_file_gives_back_its_config():
+    profile = load_profile(find_profile("mini"))
+    for regime, rank in (("outcome", None), ("sft", 4)):
+        config = cell_config(profile, regime, rank, 1)
+        written = config.to_parameters() | {"derived": {"hidden_size": 128}}  # what params.json holds
+        assert CellConfig.from_parameters(written) == config
+    assert cell_config(profile, "sft", 1, 0).heldout_file.parent.name == "control", "the control is scored on its facts"

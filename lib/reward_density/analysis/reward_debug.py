@@ -17,6 +17,7 @@ from ..data.answer_check import AnswerChecker, Verdict
 from ..data.math_data import last_boxed
 from ..data.problems import Problem, read_problems
 from ..data.steps import split_steps, step_end_tokens
+from ..experiment.config import CellConfig
 from ..grpo.advantages import compute_advantages
 from ..grpo.deposits import Deposits, RewardModule
 from ..grpo.logprobs import completion_logprobs
@@ -114,7 +115,7 @@ def coloured_tokens(table: pd.DataFrame, regime: str) -> str:
     deposits = table[regime]
     scale = max(deposits.abs().max(skipna=True), 1e-9) if deposits.notna().any() else 1.0
     spans, previous = [], None
-    for index, row in table.iterrows():
+    for _, row in table.iterrows():
         if previous is not None and row["step"] != previous:
             spans.append('<span style="border-left:2px solid #333;margin:0 3px"></span>')
         previous = row["step"]
@@ -146,15 +147,8 @@ def logged_completions(folder: Path, step: int | None = None) -> tuple[int, list
     if step not in steps:
         raise ValueError(f"{folder}: no completions logged at step {step}; logged at steps {steps}")
     chosen = logged[logged["step"] == step]
-    answers = _gold_answers(cell.params)
-    problems = [Problem(pid, prompt or "", answers.get(pid, "")) for pid, prompt in zip(chosen["problem_id"], chosen["prompt"])]
+    heldout = CellConfig.from_parameters(cell.params).heldout_file
+    answers = {p.problem_id: p.answer for p in read_problems(heldout)} if heldout.is_file() else {}
+    problems = [Problem(pid, prompt or "", answers.get(pid, ""))
+                for pid, prompt in zip(chosen["problem_id"], chosen["prompt"])]
     return step, problems, chosen["completion"].tolist(), chosen["truncated"].astype(bool).tolist()
-
-
-def _gold_answers(params: dict) -> dict[str, str]:
-    """problem id -> gold answer of a mini-world cell's held-out problems, read from the files its params name."""
-    sft = params["regime"] == "sft"
-    heldout = params.get("heldout")
-    path = Path(heldout) if heldout and not sft else \
-        Path(params["control"] if sft else params["problems"]) / f"{params.get('eval_split', 'heldout')}.jsonl"
-    return {p.problem_id: p.answer for p in read_problems(path)} if path.is_file() else {}

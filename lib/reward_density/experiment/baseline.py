@@ -46,10 +46,8 @@ def capability_row(
 
 def base_eval_key(config: CellConfig) -> str:
     """What a base evaluation depends on: the student's weights, the held-out problems and how they are decoded."""
-    folder = Path(config.control if config.regime == SFT else config.problems)
-    heldout = config.heldout if config.heldout and config.regime != SFT else folder / f"{config.eval_split}.jsonl"
     count = None if config.regime == SFT else config.eval_problems  # the control is scored on all its facts
-    parts = [fingerprint(config.student), fingerprint(heldout), config.regime == SFT, count,
+    parts = [fingerprint(config.student), fingerprint(config.heldout_file), config.regime == SFT, count,
              config.eval_max_new_tokens, config.eval_batch_size, config.precision, config.prompt_template,
              config.problem_subsets]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]

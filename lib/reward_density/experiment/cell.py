@@ -42,7 +42,8 @@ def step_config(config: CellConfig) -> StepConfig:
     loss = LossConfig(beta=config.beta, kl_estimator=config.kl_estimator, normalisation=config.loss_normalisation,
                       constant_length=config.max_new_tokens)
     sampling = SamplingConfig(config.max_new_tokens, temperature=config.temperature, top_p=config.top_p)
-    selection = None if config.token_alpha is None else TokenSelection(config.token_alpha, config.token_k, config.token_p)
+    selection = None if config.token_alpha is None else \
+        TokenSelection(config.token_alpha, config.token_k, config.token_p)
     return StepConfig(config.group_size, sampling, loss, config.advantage_eps, config.max_grad_norm,
                       precision=config.precision, micro_batch_size=config.micro_batch_size, track_kl=config.track_kl,
                       advantage_estimator=config.advantage_estimator, token_selection=selection, l2=config.l2)

@@ -219,6 +219,19 @@ class CellConfig:
         """The values as a notebook receives them (rank written 'full' for full fine-tuning)."""
         return asdict(self) | {"rank": rank_label(self.rank)}
 
+    @classmethod
+    def from_parameters(cls, values: dict[str, Any]) -> CellConfig:
+        """The config to_parameters() wrote (a cell's params.json; keys the schema does not know are ignored)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known} | {"rank": parse_rank(values["rank"])})
+
+    @property
+    def heldout_file(self) -> Path:
+        """The file of the problems the cell is evaluated on (the SFT control: its own facts)."""
+        if self.regime == SFT:
+            return Path(self.control) / f"{self.eval_split}.jsonl"
+        return Path(self.heldout) if self.heldout else Path(self.problems) / f"{self.eval_split}.jsonl"
+
 
 # ------------------------------------------------------------------------------ the notebook's parameters
 

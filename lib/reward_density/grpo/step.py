@@ -115,7 +115,8 @@ def grpo_step(
     return row | {"replayed": len(replayed), "replay_loss": again["loss"], "replay_reward_mean": again["reward_mean"]}
 
 
-def loss_inputs(rollout: Rollout, deposits: Deposits, config: StepConfig, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def loss_inputs(rollout: Rollout, deposits: Deposits, config: StepConfig,
+                seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """What the loss weights each token's log-prob by, and which tokens it counts (None: every valid one).
 
     group: GRPO's advantages from the deposits (Eq. 3-4). prefix_trie: T-SPMO's A(v | p) from the trajectory

@@ -65,7 +65,8 @@ def lab_command(root: Path = REPO_ROOT, *, port: int | None = None, token: str |
 def main(argv: Sequence[str] | None = None) -> int:
     """Write the default-viewer override, then run JupyterLab until it is stopped."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=None, help="serve on this port (default: Jupyter's, 8888 or the next free)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="serve on this port (default: Jupyter's, 8888 or the next free)")
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser (print the URL only)")
     args = parser.parse_args(argv)
     print(f"[lab] Python files open as notebooks: {write_overrides(settings_dir())}")
