@@ -248,3 +248,26 @@ def test_the_baseline_is_measured_once_per_world_and_evaluation_settings(root):
     (root / "outputs" / "smoke" / "world" / "problems" / "heldout.jsonl").write_text("{}\n")
     assert baseline() == 3, "a rebuilt world (its held-out problems changed) is measured anew"
     assert baseline() == 3
+
+
+FAKE_METHODS = '''# %% tags=["parameters"]
+outputs_dir = ""
+methods = {}
+
+# %%
+import json
+from pathlib import Path
+(Path(outputs_dir) / "method_comparison.md").write_text(json.dumps(methods))
+'''
+
+
+def test_the_analysis_stage_compares_the_methods_a_profile_names(root):
+    (root / "notebooks" / "method_comparison.py").write_text(FAKE_METHODS)
+    profile = root / "params" / "tiny.yaml"
+    data = yaml.safe_load(profile.read_text())
+    data["analysis"]["methods"] = {"GRPO": "smoke", "T-SPMO": "tiny"}
+    profile.write_text(yaml.safe_dump(data))
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "analysis"]) == 0
+    outputs = root / "outputs" / "tiny"
+    assert read_json(outputs / "method_comparison.md") == {"GRPO": "smoke", "T-SPMO": "tiny"}
+    assert "methods" not in read_json(outputs / "report.md"), "the main analysis does not receive the comparison's key"

@@ -230,3 +230,31 @@ def plot_capability(table: pd.DataFrame, path: str | Path) -> Figure:
     ax.legend()
     ax.set_title("Capability baseline")
     return _save(fig, path)
+
+
+def plot_method_accuracy(frame: pd.DataFrame, path: str | Path) -> Figure:
+    """Final pass@1 (mean ± sd over seeds) per arm, one line per method (analysis/methods.py's table)."""
+    fig, axes = _panels(1)
+    order = list(dict.fromkeys(frame["arm"]))
+    for method, rows in frame.groupby("method", sort=False):
+        rows = rows.set_index("arm").reindex(order)
+        axes[0].errorbar(range(len(order)), rows["pass1"], yerr=rows["sd"].fillna(0), marker="o", capsize=3,
+                         label=method)
+    axes[0].set(xticks=range(len(order)), xticklabels=order, xlabel="arm", ylabel="final greedy pass@1",
+                title="each method's final pass@1")
+    axes[0].legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_method_curves(studies: dict[str, Cells], regime: str, path: str | Path) -> Figure:
+    """Mean trajectory reward over training (mean over seeds), one panel per method, one line per arm."""
+    fig, axes = _panels(len(studies), sharey=True)
+    for ax, (method, cells) in zip(axes, studies.items()):
+        history = cells.history[cells.history["regime"] == regime]
+        if history.empty:
+            _empty(ax, f"no {regime} cells")
+            continue
+        _arm_lines(ax, history, "reward_mean", _arm_colors(cells), arms(cells), "-")
+        ax.set(title=method, xlabel="step", ylabel="mean trajectory reward")
+        ax.legend(fontsize=7)
+    return _save(fig, path)

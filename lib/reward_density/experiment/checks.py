@@ -98,6 +98,14 @@ def string_list(value: Any) -> list[str]:
     return value
 
 
+def label_mapping(value: Any) -> dict[str, str]:
+    """A mapping of at least two labels to non-empty strings (e.g. method names to profiles)."""
+    if not isinstance(value, dict) or len(value) < 2 or not all(
+            isinstance(k, str) and k.strip() and isinstance(v, str) and v.strip() for k, v in value.items()):
+        raise InvalidValue("a mapping of at least two names to non-empty strings")
+    return value
+
+
 def prompt_template(value: Any) -> str:
     """A string holding the placeholder {problem} exactly once."""
     if not isinstance(value, str) or value.count("{problem}") != 1:

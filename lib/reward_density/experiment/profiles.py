@@ -23,6 +23,7 @@ from .checks import (
     Checker,
     InvalidValue,
     boolean,
+    label_mapping,
     non_empty_string,
     non_negative_int,
     one_of,
@@ -44,8 +45,10 @@ ANALYSIS_SCHEMA: dict[str, Checker] = {
     "equivalence_margin": positive_number,
     "confidence": open_unit_number,
     "compare_with": non_empty_string,  # another profile whose cells differ only in beta: the with/without-KL analysis
+    "methods": label_mapping,  # method name -> profile, the first the baseline: the method comparison
 }
-ANALYSIS_DEFAULTS: dict[str, Any] = {"compare_with": None}
+ANALYSIS_DEFAULTS: dict[str, Any] = {"compare_with": None, "methods": None}
+COMPARISONS = ("compare_with", "methods")  # analysis keys that add a comparison with other profiles
 
 
 class ProfileError(ValueError):

@@ -15,7 +15,7 @@ import submitit
 
 from ..experiment import kl_bound
 from ..experiment.baseline import base_configs, base_eval_key
-from ..experiment.profiles import Profile, resolve_world_entry
+from ..experiment.profiles import COMPARISONS, Profile, resolve_world_entry
 from ..experiment.provenance import fingerprint, write_json_atomic
 from .local import run_matrix
 from .matrix import RunReport, base_answers_dir
@@ -35,7 +35,7 @@ def run_stage(notebook: Path, output: Path, parameters: dict[str, Any], root: Pa
 
 def analysis_parameters(profile: Profile, root: Path) -> dict[str, Any]:
     """The analysis notebook's parameters."""
-    settings = {k: v for k, v in profile.analysis.items() if k != "compare_with"}
+    settings = {k: v for k, v in profile.analysis.items() if k not in COMPARISONS}
     return {"profile": profile.name, "outputs_dir": str(root / "outputs" / profile.name), **settings}
 
 
@@ -96,7 +96,7 @@ def stage_cells(
 
 def stage_analysis(profile: Profile, root: Path) -> None:
     """Run the analysis on whatever cells are finished (a learning-rate sweep's own analysis for a sweep), and
-    the with/without-KL comparison when the profile names the study to compare with."""
+    the with/without-KL or the method comparison when the profile names the studies to compare with."""
     outputs = root / "outputs" / profile.name
     if profile.matrix.sweeps_rates:
         notebook, parameters, written = "sweep_analysis.py", {"profile": profile.name, "outputs_dir": str(outputs)}, "sweep.md"
@@ -110,6 +110,11 @@ def stage_analysis(profile: Profile, root: Path) -> None:
         run_stage(root / "notebooks" / "kl_comparison.py", output,
                   {**analysis_parameters(profile, root), "compare_with": profile.analysis["compare_with"]}, root)
         print(f"comparison: {output}\nreport: {outputs / 'kl_comparison.md'}", file=sys.stderr)
+    if profile.analysis.get("methods"):  # one GRPO variant of several, compared with the others
+        output = outputs / "method_comparison.ipynb"
+        run_stage(root / "notebooks" / "method_comparison.py", output,
+                  {**analysis_parameters(profile, root), "methods": profile.analysis["methods"]}, root)
+        print(f"comparison: {output}\nreport: {outputs / 'method_comparison.md'}", file=sys.stderr)
 
 
 def stage_kl_bound(profile: Profile, root: Path) -> None:

@@ -1,0 +1,102 @@
+"""GRPO against the token-selection variants of it ("Token-Efficient RL for LLM Reasoning"): S-GRPO and
+T-SPMO run as studies of their own (the same world, arms, seeds and held-out problems, one setting apart),
+compared arm by arm with the baseline study, with the tokens each puts into the loss (its Table 3).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .load import Cells, arms
+from .plots import plot_method_accuracy, plot_method_curves
+from .tables import Table, comparison, final_answers, markdown_table
+
+
+def method_accuracy(studies: dict[str, Cells], regime: str, margin: float, confidence: float = 0.95) -> Table:
+    """Per method and arm: final pass@1 (mean and sd over seeds) and, beside the first (baseline) method, the
+    paired difference from it over seeds and held-out problems with its TOST verdict at ±margin."""
+    base_name = next(iter(studies))
+    base_final = final_answers(studies[base_name])
+    rows = []
+    for name, cells in studies.items():
+        final = final_answers(cells)
+        for arm in arms(cells):
+            mine = final[(final["regime"] == regime) & (final["arm"] == arm)]
+            if mine.empty:
+                continue
+            per_seed = mine.groupby("seed")["correct"].mean()
+            row = {"method": name, "arm": arm, "pass1": per_seed.mean(), "sd": per_seed.std(ddof=1),
+                   "n_seeds": len(per_seed)}
+            theirs = base_final[(base_final["regime"] == regime) & (base_final["arm"] == arm)]
+            if name != base_name and not theirs.empty and set(mine["seed"]) & set(theirs["seed"]):
+                row |= comparison(mine, theirs, margin, confidence)
+            rows.append(row)
+    frame = pd.DataFrame(rows)
+    for column in ("estimate", "ci_low", "ci_high", "verdict"):
+        if column not in frame:
+            frame[column] = None
+    lines = [[r.method, r.arm, f"{r.pass1:.3f} ± {0 if pd.isna(r.sd) else r.sd:.3f} ({r.n_seeds})",
+              "" if pd.isna(r.estimate) else f"{r.estimate:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]",
+              r.verdict or ""] for r in frame.itertuples()]
+    header = ["method", "arm", "final pass@1 (mean ± sd, seeds)", f"minus {base_name} ({confidence:.0%} CI)",
+              f"verdict (±{margin:g})"]
+    return Table(frame, markdown_table(header, lines))
+
+
+def loss_tokens(studies: dict[str, Cells], regime: str) -> Table:
+    """Per method: tokens entering the loss per completion (all steps and the first 100), completion length,
+    and the share of the completion's tokens in the loss; mean over arms, seeds and steps."""
+    rows = []
+    for name, cells in studies.items():
+        history = cells.history[cells.history["regime"] == regime]
+        if history.empty:
+            continue
+        counted = history["loss_tokens"] if "loss_tokens" in history else history["len_mean"]  # GRPO: every token
+        rows.append({"method": name, "loss_tokens": counted.mean(),
+                     "loss_tokens_first_100": counted[history["step"] <= 100].mean(),
+                     "len_mean": history["len_mean"].mean(), "share": (counted / history["len_mean"]).mean()})
+    frame = pd.DataFrame(rows)
+    lines = [[r.method, f"{r.loss_tokens:.1f}", f"{r.loss_tokens_first_100:.1f}", f"{r.len_mean:.1f}", f"{r.share:.0%}"]
+             for r in frame.itertuples()]
+    header = ["method", "loss tokens per completion", "in the first 100 steps", "completion length", "share in the loss"]
+    return Table(frame, markdown_table(header, lines))
+
+
+def write_method_comparison(studies: dict[str, Cells], out_dir: str | Path, regime: str, margin: float,
+                            confidence: float = 0.95) -> Path:
+    """method_comparison.csv, method_tokens.csv, figures/method_accuracy.png and figures/method_curves.png and
+    method_comparison.md under out_dir; returns the markdown's path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    accuracy, tokens = method_accuracy(studies, regime, margin, confidence), loss_tokens(studies, regime)
+    accuracy.frame.to_csv(out / "method_comparison.csv", index=False)
+    tokens.frame.to_csv(out / "method_tokens.csv", index=False)
+    plot_method_accuracy(accuracy.frame, out / "figures" / "method_accuracy.png")
+    plot_method_curves(studies, regime, out / "figures" / "method_curves.png")
+    base = next(iter(studies))
+    text = "\n".join([
+        f"# {' vs '.join(studies)} ({regime} regime)",
+        "",
+        f"## Accuracy: each method minus {base}",
+        "",
+        f"Final greedy pass@1 per arm; differences paired over seeds and held-out problems ({confidence:.0%} crossed "
+        f"interval; TOST equivalent when its interval lies inside ±{margin:g}, different when the {confidence:.0%} "
+        "interval excludes 0).",
+        "",
+        accuracy.markdown,
+        "![method_accuracy](figures/method_accuracy.png)",
+        "",
+        "## Tokens in the loss (the paper's Table 3)",
+        "",
+        tokens.markdown,
+        "## Training curves",
+        "",
+        "Mean trajectory reward per step (mean over seeds), one panel per method, one line per arm.",
+        "",
+        "![method_curves](figures/method_curves.png)",
+        "",
+    ])
+    path = out / "method_comparison.md"
+    path.write_text(text)
+    return path
