@@ -32,6 +32,7 @@ batch_size = 8  # problems per sampling batch (each with max(ks) samples)
 device = "cpu"  # student
 teacher_device = "cpu"
 precision = "fp32"  # fp32 | bf16
+answer_format = "boxed"  # boxed (math-verify on the \\boxed{} answer) | last_integer (the multiplication task)
 seed = 0
 profile = None  # a profile name or path: also evaluate the base greedily on its held-out sets, once per world
 
@@ -44,7 +45,7 @@ from IPython.display import Image, display
 
 from reward_density.analysis.plots import plot_capability
 from reward_density.analysis.tables import capability_markdown
-from reward_density.data.answer_check import AnswerChecker
+from reward_density.data.answer_check import make_checker
 from reward_density.data.problem_sets import heldout_problems
 from reward_density.data.sources import load_causal_lm, load_tokenizer
 from reward_density.experiment.baseline import base_configs, base_evaluation, capability_row
@@ -60,7 +61,7 @@ def local(path):
 
 
 torch.manual_seed(seed)
-checker = AnswerChecker()
+checker = make_checker(answer_format)
 problem_set = heldout_problems(local(problems), local(heldout), prompt_template, problem_subsets, checker)
 sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
 out = Path(local(out_dir))

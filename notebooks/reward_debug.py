@@ -48,7 +48,7 @@ from reward_density.analysis.reward_debug import (
     token_table,
     trace_rewards,
 )
-from reward_density.data.answer_check import AnswerChecker
+from reward_density.data.answer_check import make_checker
 from reward_density.data.sources import load_causal_lm, load_tokenizer
 from reward_density.experiment.cell import load_problem_splits, load_reward
 from reward_density.experiment.profiles import REPO_ROOT, cell_config, find_profile, load_profile
@@ -74,7 +74,7 @@ print(f"world of profile {world.name}: student {config.student}")
 # the text is tokenized afresh (the same ids the cell sampled, except where a token was cut mid-character).
 
 # %%
-checker = AnswerChecker()
+checker = make_checker(config.answer_format)
 tokenizer = load_tokenizer(config.student)
 student = load_causal_lm(config.student, what="student")
 rewards = {name: load_reward(c, checker, tokenizer) for name, c in configs.items()}

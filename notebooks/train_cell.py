@@ -51,10 +51,11 @@ advantage_estimator: Optional[str] = None  # group: GRPO's (Eq. 3-4) | prefix_tr
 token_alpha: Optional[int] = None  # S-GRPO: the first this many tokens always enter the loss (set with token_k and token_p; unset: every token, GRPO) [None]
 token_k: Optional[int] = None  # S-GRPO: at most this many tokens in the loss [None]
 token_p: Optional[float] = None  # S-GRPO: each later token enters with this probability while there is room [None]
-l2: Optional[float] = None  # T-SPMO's penalty lambda * sum ||W||^2 on the trainable weights [0.0]
+l2: Optional[float] = None  # T-SPMO's penalty lambda * sum ||W||^2 on the LoRA weights (none on FullFT) [0.0]
 replay_successes: Optional[int] = None  # T-SPMO's replay: stored successes restarted per step (engine peft) [0]
 replay_failures: Optional[int] = None  # T-SPMO's replay: stored failures restarted per step (engine peft) [0]
 replay_threshold: Optional[float] = None  # T-SPMO's replay: a completion with at least this reward is a success [1.0]
+answer_format: Optional[str] = None  # how an answer is read: boxed (math-verify on the \boxed{} answer) | last_integer (the completion's last integer: the multiplication task) ['boxed']
 eval_every: Optional[int] = None  # evaluate every this many steps (and at 0 and the end) [10]
 eval_problems: Optional[int] = None  # the first this many held-out problems (the SFT control: all its facts) [100]
 eval_split: Optional[str] = None  # the mini world's split evaluated: heldout (the study) | dev (choosing settings) ['heldout']
@@ -84,7 +85,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from reward_density.data.answer_check import AnswerChecker
+from reward_density.data.answer_check import make_checker
 from reward_density.experiment import cell
 from reward_density.experiment.baseline import base_evaluation
 from reward_density.experiment.config import notebook_settings
@@ -112,7 +113,7 @@ for config in configs:
 # %%
 config = configs[0]
 torch.manual_seed(config.seed)
-checker = AnswerChecker()
+checker = make_checker(config.answer_format)
 inputs = cell.load_inputs(config, checker)
 base = base_evaluation(config, inputs.student, inputs.tokenizer, inputs.heldout, checker)
 policy = cell.make_policy(configs, inputs.student)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import MISSING
 
 import jupytext
+import nbformat
 import papermill
 
 from reward_density.experiment.config import CellConfig, cell_name, notebook_settings, parameters_cell, parse_cell_name
@@ -68,3 +69,12 @@ def test_a_cells_params_file_gives_back_its_config():
         written = config.to_parameters() | {"derived": {"hidden_size": 128}}  # what params.json holds
         assert CellConfig.from_parameters(written) == config
     assert cell_config(profile, "sft", 1, 0).heldout_file.parent.name == "control", "the control is scored on its facts"
+
+
+def test_the_golden_training_notebooks_carry_the_schemas_parameters_cell():
+    """A golden made before the schema grew fails inside nbval on a missing setting; this names the cause."""
+    for golden in sorted((REPO_ROOT / "tests" / "golden").glob("*_train_*.ipynb")):
+        notebook = nbformat.read(golden, as_version=4)
+        cell = next(c for c in notebook.cells if "parameters" in c.metadata.get("tags", []))
+        assert cell.source.strip() == parameters_cell().strip(), (
+            f"{golden.name} predates the cell schema: run .venv/bin/python tests/golden/regenerate.py")

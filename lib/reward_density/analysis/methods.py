@@ -38,7 +38,7 @@ def method_accuracy(studies: dict[str, Cells], regime: str, margin: float, confi
             frame[column] = None
     lines = [[r.method, r.arm, f"{r.pass1:.3f} ± {0 if pd.isna(r.sd) else r.sd:.3f} ({r.n_seeds})",
               "" if pd.isna(r.estimate) else f"{r.estimate:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]",
-              r.verdict or ""] for r in frame.itertuples()]
+              "" if pd.isna(r.verdict) else r.verdict] for r in frame.itertuples()]
     header = ["method", "arm", "final pass@1 (mean ± sd, seeds)", f"minus {base_name} ({confidence:.0%} CI)",
               f"verdict (±{margin:g})"]
     return Table(frame, markdown_table(header, lines))
@@ -92,7 +92,8 @@ def write_method_comparison(studies: dict[str, Cells], out_dir: str | Path, regi
         tokens.markdown,
         "## Training curves",
         "",
-        "Mean trajectory reward per step (mean over seeds), one panel per method, one line per arm.",
+        "Mean trajectory reward per step (mean over seeds, 10-step moving average), one panel per method, one line "
+        "per arm.",
         "",
         "![method_curves](figures/method_curves.png)",
         "",

@@ -246,15 +246,18 @@ def plot_method_accuracy(frame: pd.DataFrame, path: str | Path) -> Figure:
     return _save(fig, path)
 
 
-def plot_method_curves(studies: dict[str, Cells], regime: str, path: str | Path) -> Figure:
-    """Mean trajectory reward over training (mean over seeds), one panel per method, one line per arm."""
+def plot_method_curves(studies: dict[str, Cells], regime: str, path: str | Path, window: int = 10) -> Figure:
+    """Mean trajectory reward over training (mean over seeds, then a moving average over window steps), one panel
+    per method, one line per arm."""
     fig, axes = _panels(len(studies), sharey=True)
     for ax, (method, cells) in zip(axes, studies.items()):
         history = cells.history[cells.history["regime"] == regime]
         if history.empty:
             _empty(ax, f"no {regime} cells")
             continue
-        _arm_lines(ax, history, "reward_mean", _arm_colors(cells), arms(cells), "-")
+        means = _mean_over_seeds(history, "reward_mean").sort_values(["arm", "step"])
+        means["reward_mean"] = means.groupby("arm")["reward_mean"].transform(lambda x: x.rolling(window, 1).mean())
+        _arm_lines(ax, means, "reward_mean", _arm_colors(cells), arms(cells), "-")
         ax.set(title=method, xlabel="step", ylabel="mean trajectory reward")
         ax.legend(fontsize=7)
     return _save(fig, path)

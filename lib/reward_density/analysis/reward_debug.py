@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..data.answer_check import AnswerChecker, Verdict
+from ..data.answer_check import AnswerChecker, Verdict, last_integer
 from ..data.math_data import last_boxed
 from ..data.problems import Problem, read_problems
 from ..data.steps import split_steps, step_end_tokens
@@ -57,14 +57,14 @@ def scored_by(rollout: Rollout, student: torch.nn.Module, temperature: float) ->
 
 def verdict_reason(verdict: Verdict, completion: str, gold: str | None, timeout_seconds: float) -> str:
     """Why the outcome checker decided what it did, in words."""
-    answer = last_boxed(completion)
     if verdict is Verdict.TIMEOUT:
         return f"math-verify took longer than {timeout_seconds:g} s on this completion: counted as not correct"
+    boxed, integer = last_boxed(completion), last_integer(completion)
     if verdict is Verdict.UNPARSABLE:
-        where = "no \\boxed{} answer" if answer is None else f"\\boxed{{{answer}}} is not parsable"
-        return f"math-verify found no answer to compare ({where})"
+        where = "no \\boxed{} answer" if boxed is None else f"\\boxed{{{boxed}}} is not parsable"
+        return f"no answer to compare ({where}{'' if integer is not None else ', no integer'})"
     relation = "equals" if verdict is Verdict.CORRECT else "does not equal"
-    shown = answer if answer is not None else "(outside a box)"
+    shown = boxed if boxed is not None else f"{integer} (outside a box)" if integer is not None else "(none found)"
     return f"the answer {shown} {relation} the gold {gold}"
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import re
 import threading
 from collections.abc import Sequence
 from enum import Enum
@@ -30,6 +31,15 @@ def wrap_gold(gold: str) -> str:
 def has_boxed_answer(text: str) -> bool:
     """Whether the text contains a \\boxed{ answer."""
     return "\\boxed{" in text
+
+
+_INTEGER = re.compile(r"-?\d+")
+
+
+def last_integer(text: str) -> int | None:
+    """The last integer in the text once commas are removed (how the token-selection papers read an answer)."""
+    found = _INTEGER.findall(text.replace(",", ""))
+    return int(found[-1]) if found else None
 
 
 def _worker_main(conn) -> None:
@@ -84,6 +94,11 @@ class AnswerChecker:
         self._verdicts: dict[tuple[str, str], Verdict] = {}
         self._process = None
         self._conn = None
+
+    @staticmethod
+    def has_answer(text: str) -> bool:
+        """Whether a completion states an answer in the form this checker reads (a \\boxed{})."""
+        return has_boxed_answer(text)
 
     def check(self, golds: Sequence[str], completions: Sequence[str]) -> list[Verdict]:
         """Verdict for each (gold, completion) pair; raises ValueError if a gold does not parse.
@@ -194,3 +209,49 @@ class AnswerChecker:
             self._process.join()
             self._conn.close()
         self._process = self._conn = None
+
+
+class LastIntegerChecker:
+    """The answer is the completion's last integer, compared with an integer gold: the multiplication task's
+    rule (as in "Token-Efficient RL for LLM Reasoning"). Exact and instant, so no worker and no timeout."""
+
+    timeout_seconds = 0.0
+
+    @staticmethod
+    def has_answer(text: str) -> bool:
+        """Whether a completion holds an integer to read."""
+        return last_integer(text) is not None
+
+    def check(self, golds: Sequence[str], completions: Sequence[str]) -> list[Verdict]:
+        """Verdict for each (gold, completion) pair; raises ValueError if a gold is not an integer."""
+        if len(golds) != len(completions):
+            raise ValueError(f"{len(golds)} golds but {len(completions)} completions")
+        bad = self.unparsable_golds(golds)
+        if bad:
+            raise ValueError(f"these gold answers are not integers (a data bug, not a wrong answer): {bad!r}")
+        answers = [last_integer(text) for text in completions]
+        return [Verdict.UNPARSABLE if answer is None else Verdict.CORRECT if answer == int(gold.replace(",", "")) else Verdict.WRONG
+                for gold, answer in zip(golds, answers)]
+
+    def unparsable_golds(self, golds: Sequence[str]) -> list[str]:
+        """The distinct golds that are not plain integers, in order."""
+        return [gold for gold in dict.fromkeys(golds) if not re.fullmatch(r"-?\d+", gold.replace(",", "").strip())]
+
+    def close(self) -> None:
+        """Nothing to stop (the AnswerChecker interface)."""
+
+    def __enter__(self) -> LastIntegerChecker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+ANSWER_FORMATS = ("boxed", "last_integer")
+
+
+def make_checker(answer_format: str) -> AnswerChecker | LastIntegerChecker:
+    """The checker of a task's answer format: math-verify on a \\boxed{} answer, or the last integer."""
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"unknown answer format {answer_format!r}; expected one of {ANSWER_FORMATS}")
+    return AnswerChecker() if answer_format == "boxed" else LastIntegerChecker()

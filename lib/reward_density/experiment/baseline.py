@@ -50,6 +50,8 @@ def base_eval_key(config: CellConfig) -> str:
     parts = [fingerprint(config.student), fingerprint(config.heldout_file), config.regime == SFT, count,
              config.eval_max_new_tokens, config.eval_batch_size, config.precision, config.prompt_template,
              config.problem_subsets]
+    if config.answer_format != "boxed":  # keys of boxed-answer evaluations stay what they were before the option
+        parts.append(config.answer_format)
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
 

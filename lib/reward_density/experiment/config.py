@@ -14,6 +14,7 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..data.answer_check import ANSWER_FORMATS
 from ..grpo.loss import KL_ESTIMATORS, NORMALISATIONS
 from ..grpo.precision import PRECISIONS
 from ..grpo.step import ADVANTAGE_ESTIMATORS
@@ -134,7 +135,7 @@ class CellConfig:
     token_p: float | None = setting(None, check=optional(probability),
                                     doc="S-GRPO: each later token enters with this probability while there is room")
     l2: float = setting(0.0, check=non_negative_number,
-                        doc="T-SPMO's penalty lambda * sum ||W||^2 on the trainable weights")
+                        doc="T-SPMO's penalty lambda * sum ||W||^2 on the LoRA weights (none on FullFT)")
     replay_successes: int = setting(0, check=non_negative_int,
                                     doc="T-SPMO's replay: stored successes restarted per step (engine peft)")
     replay_failures: int = setting(0, check=non_negative_int,
@@ -143,6 +144,9 @@ class CellConfig:
                                       doc="T-SPMO's replay: a completion with at least this reward is a success")
 
     # Evaluation: greedy pass@1 on a fixed held-out set.
+    answer_format: str = setting("boxed", check=one_of(*ANSWER_FORMATS),
+                                 doc="how an answer is read: boxed (math-verify on the \\boxed{} answer) | last_integer "
+                                     "(the completion's last integer: the multiplication task)")
     eval_every: int = setting(10, check=positive_int, doc="evaluate every this many steps (and at 0 and the end)")
     eval_problems: int = setting(100, check=positive_int, doc="the first this many held-out problems (the SFT control: all its facts)")
     eval_split: str = setting("heldout", check=one_of("heldout", "dev"),

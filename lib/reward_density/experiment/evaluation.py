@@ -6,7 +6,7 @@ from math import comb
 
 import torch
 
-from ..data.answer_check import AnswerChecker, Verdict, has_boxed_answer
+from ..data.answer_check import AnswerChecker, Verdict
 from ..data.problems import Problem
 from ..grpo.qwen3 import Qwen3Weights
 from ..grpo.sampler import SamplingConfig, sample_rollout
@@ -40,7 +40,7 @@ def _answer(model, tokenizer, problems, checker, group_size, sampling, seed, bat
                     "verdict": verdict.value,
                     "correct": verdict is Verdict.CORRECT,
                     "length": int(lengths[i]),
-                    "answered": has_boxed_answer(text),
+                    "answered": checker.has_answer(text),
                     "truncated": bool(rollout.truncated[i]),
                     "completion": text,
                 })

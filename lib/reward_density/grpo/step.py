@@ -45,7 +45,7 @@ class StepConfig:
     micro_batch_size: int | None = None  # rows per forward/backward pass; None: the whole batch at once
     advantage_estimator: str = "group"  # group: GRPO's (Eq. 3-4); prefix_trie: T-SPMO's over the group's trie
     token_selection: TokenSelection | None = None  # S-GRPO's subset of tokens in the loss; None: all (GRPO)
-    l2: float = 0.0  # lambda of T-SPMO's penalty lambda * sum ||W||^2 on the trainable weights (its Eq. 10)
+    l2: float = 0.0  # lambda of T-SPMO's penalty lambda * sum ||W||^2 on the LoRA weights (its Eq. 10)
 
     def __post_init__(self) -> None:
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
@@ -97,7 +97,7 @@ def grpo_step(
     model.train()
     optimizer.zero_grad(set_to_none=True)
     out = _backward(model, device, rollout, advantages, subset, ref_logps, config)
-    out.loss += l2_penalty(policy.trainable_parameters(), config.l2)
+    out.loss += l2_penalty(policy.trainable_parameters() if policy.config.is_lora else [], config.l2)
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm)
     optimizer.step()
     done = time.perf_counter()
@@ -139,8 +139,10 @@ def loss_inputs(rollout: Rollout, deposits: Deposits, config: StepConfig,
 
 
 def l2_penalty(parameters: Sequence[torch.Tensor], coefficient: float) -> torch.Tensor:
-    """lambda * sum ||W||^2 over the parameters, its gradient accumulated; 0 (and nothing done) at lambda 0."""
-    if coefficient == 0:
+    """lambda * sum ||W||^2 over the parameters, its gradient accumulated; 0 (and nothing done) at lambda 0 or
+    without parameters. T-SPMO's Eq. 10 penalises the LoRA weights: a FullFT arm passes none (its weights are
+    the pretrained model's, which the penalty would shrink towards 0)."""
+    if coefficient == 0 or not parameters:
         return torch.zeros(())
     penalty = coefficient * sum(p.pow(2).sum() for p in parameters)
     penalty.backward()
@@ -212,7 +214,8 @@ def stacked_grpo_step(
     optimizer.zero_grad(set_to_none=True)
     sum(out.loss for out in outs).backward()
     for a, out in enumerate(outs):
-        out.loss = out.loss.detach() + l2_penalty(policy.parameters(a), config.l2)
+        lora = policy.parameters(a) if policy.configs[a].is_lora else []
+        out.loss = out.loss.detach() + l2_penalty(lora, config.l2)
     grad_norms = [torch.nn.utils.clip_grad_norm_(policy.parameters(a), config.max_grad_norm)
                   for a in range(policy.n_arms)]
     optimizer.step()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 from ..data.problems import Problem
 
@@ -44,6 +45,21 @@ class TaskConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    # The task interface the world builder reads (world/multiplication.py has the same).
+    answer_format: ClassVar[str] = "boxed"
+
+    def splits(self, sizes: dict[str, int], seed: int) -> dict[str, list[Expression]]:
+        return make_splits(self, sizes, seed)
+
+    def problem(self, expression: Expression, problem_id: str) -> Problem:
+        return problem_of(expression, problem_id)
+
+    def clean_trace(self, expression: Expression) -> str:
+        return clean_trace(expression)
+
+    def realistic_trace(self, rng: random.Random, expression: Expression) -> str:
+        return realistic_trace(rng, expression, self)
 
 
 @dataclass(frozen=True)
