@@ -63,5 +63,5 @@ print(compare.method_accuracy(studies, regime, equivalence_margin, confidence).m
 print(compare.loss_tokens(studies, regime).markdown)
 
 # %%
-path = compare.write_method_comparison(studies, outputs, regime, equivalence_margin, confidence)
+path = compare.write_method_comparison(studies, outputs, regime, equivalence_margin, confidence, methods)
 display(Markdown(path.read_text()))

@@ -64,9 +64,9 @@ def loss_tokens(studies: dict[str, Cells], regime: str) -> Table:
 
 
 def write_method_comparison(studies: dict[str, Cells], out_dir: str | Path, regime: str, margin: float,
-                            confidence: float = 0.95) -> Path:
+                            confidence: float = 0.95, profiles: dict[str, str] | None = None) -> Path:
     """method_comparison.csv, method_tokens.csv, figures/method_accuracy.png and figures/method_curves.png and
-    method_comparison.md under out_dir; returns the markdown's path."""
+    method_comparison.md under out_dir (profiles: each method's profile, named in it); returns its path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     accuracy, tokens = method_accuracy(studies, regime, margin, confidence), loss_tokens(studies, regime)
@@ -77,6 +77,9 @@ def write_method_comparison(studies: dict[str, Cells], out_dir: str | Path, regi
     base = next(iter(studies))
     text = "\n".join([
         f"# {' vs '.join(studies)} ({regime} regime)",
+        "",
+        "Studies: " + ", ".join(f"{name} = params/{profile}.yaml" for name, profile in (profiles or {}).items()
+                                if name in studies) + "." if profiles else "",
         "",
         f"## Accuracy: each method minus {base}",
         "",

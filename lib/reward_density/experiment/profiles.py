@@ -45,7 +45,7 @@ ANALYSIS_SCHEMA: dict[str, Checker] = {
     "equivalence_margin": positive_number,
     "confidence": open_unit_number,
     "compare_with": non_empty_string,  # another profile whose cells differ only in beta: the with/without-KL analysis
-    "methods": label_mapping,  # method name -> profile, the first the baseline: the method comparison
+    "methods": label_mapping,  # method name -> profile, the first the baseline, the last writes the comparison
 }
 ANALYSIS_DEFAULTS: dict[str, Any] = {"compare_with": None, "methods": None}
 COMPARISONS = ("compare_with", "methods")  # analysis keys that add a comparison with other profiles

@@ -111,7 +111,8 @@ def stage_analysis(profile: Profile, root: Path) -> None:
         run_stage(root / "notebooks" / "kl_comparison.py", output,
                   {**analysis_parameters(profile, root), "compare_with": profile.analysis["compare_with"]}, root)
         print(f"comparison: {output}\nreport: {outputs / 'kl_comparison.md'}", file=sys.stderr)
-    if profile.analysis.get("methods"):  # one GRPO variant of several, compared with the others
+    methods = profile.analysis.get("methods") or {}
+    if list(methods.values())[-1:] == [profile.name]:  # the last of the methods compared writes the comparison
         output = outputs / "method_comparison.ipynb"
         run_stage(root / "notebooks" / "method_comparison.py", output,
                   {**analysis_parameters(profile, root), "methods": profile.analysis["methods"]}, root)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,19 +61,17 @@ def lab_command(root: Path = REPO_ROOT, *, port: int | None = None, token: str |
     return command
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Write the default-viewer override, then run JupyterLab until it is stopped."""
+def main(argv: Sequence[str] | None = None) -> None:
+    """Write the default-viewer override, then become JupyterLab (exec: a signal to this process reaches it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=None,
                         help="serve on this port (default: Jupyter's, 8888 or the next free)")
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser (print the URL only)")
     args = parser.parse_args(argv)
-    print(f"[lab] Python files open as notebooks: {write_overrides(settings_dir())}")
-    try:
-        return subprocess.call(lab_command(port=args.port, open_browser=not args.no_browser))
-    except KeyboardInterrupt:
-        return 0
+    print(f"[lab] Python files open as notebooks: {write_overrides(settings_dir())}", flush=True)
+    command = lab_command(port=args.port, open_browser=not args.no_browser)
+    os.execv(command[0], command)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
