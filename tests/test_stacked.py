@@ -22,14 +22,21 @@ CONFIGS = [PolicyConfig(rank=1), PolicyConfig(rank=4, alpha=8), PolicyConfig(ran
 SEED = 3
 
 
-def sparse_reward(rollout) -> Deposits:
-    """A deterministic outcome-shaped reward: on the last token, the completion's length mod 3."""
-    mask = rollout.completion_mask.bool()
-    last = mask.sum(-1) - 1
-    rewards = torch.zeros(mask.shape)
-    rewards[torch.arange(mask.shape[0]), last] = (last % 3).float()
-    return Deposits(rewards, torch.zeros_like(mask).index_put_((torch.arange(mask.shape[0]), last), torch.tensor(True)),
-                    rewards.sum(-1))
+def length_reward(modulus: int):
+    """A deterministic outcome-shaped reward: on the last token, the completion's length mod `modulus`."""
+
+    def reward(rollout) -> Deposits:
+        mask = rollout.completion_mask.bool()
+        last = mask.sum(-1) - 1
+        rewards = torch.zeros(mask.shape)
+        rewards[torch.arange(mask.shape[0]), last] = (last % modulus).float()
+        deposits = torch.zeros_like(mask).index_put_((torch.arange(mask.shape[0]), last), torch.tensor(True))
+        return Deposits(rewards, deposits, rewards.sum(-1))
+
+    return reward
+
+
+sparse_reward = length_reward(3)
 
 
 def dense_reward(rollout) -> Deposits:

@@ -6,11 +6,11 @@ import copy
 
 import pytest
 import torch
+from test_stacked import PROBLEMS, length_reward
 
 from reward_density.data.problems import Problem
 from reward_density.experiment.cell import check_group, step_config
 from reward_density.experiment.profiles import REPO_ROOT, cell_config, group_configs, load_profile
-from reward_density.grpo.deposits import Deposits
 from reward_density.grpo.loss import LossConfig
 from reward_density.grpo.policy import Policy, PolicyConfig
 from reward_density.grpo.prefix_trie import prefix_advantages
@@ -98,17 +98,6 @@ def test_groups_do_not_share_a_trie():
 
 
 def test_one_completion_at_a_time_gives_the_batched_steps_gradient(tiny_tokenizer):
-    problems = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\n", "41")]
-
-    def length_reward(rollout) -> Deposits:
-        mask = rollout.completion_mask.bool()
-        last = mask.sum(-1) - 1
-        rewards = torch.zeros(mask.shape)
-        rewards[torch.arange(mask.shape[0]), last] = (last % 3).float()
-        deposit_mask = torch.zeros_like(mask)
-        deposit_mask[torch.arange(mask.shape[0]), last] = True
-        return Deposits(rewards, deposit_mask, rewards.sum(-1))
-
     model = build_qwen3(len(tiny_tokenizer), seed=0)
     gradients = []
     for micro_batch_size in (None, 1):  # the whole batch at once, then forward and backward per completion
@@ -117,7 +106,7 @@ def test_one_completion_at_a_time_gives_the_batched_steps_gradient(tiny_tokenize
         config = StepConfig(3, SamplingConfig(8, temperature=0.9), LossConfig(beta=0.05),
                             micro_batch_size=micro_batch_size, max_grad_norm=1e9)
         optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=0.0)  # keep the gradient, move nothing
-        grpo_step(policy, tiny_tokenizer, optimizer, problems, length_reward, config, seed=5)
+        grpo_step(policy, tiny_tokenizer, optimizer, PROBLEMS, length_reward(3), config, seed=5)
         gradients.append([p.grad.clone() for p in policy.trainable_parameters()])
     for batched, one_by_one in zip(*gradients):
         torch.testing.assert_close(one_by_one, batched, atol=1e-6, rtol=1e-4)
@@ -166,24 +155,13 @@ def test_replay_restarts_from_a_prefix_of_a_stored_success_or_failure(tiny_token
 
 
 def test_a_step_with_replay_updates_again_on_the_replayed_groups(tiny_tokenizer):
-    problems = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\n", "41")]
-
-    def length_parity(rollout) -> Deposits:  # reward 1 for an odd-length completion, on its last token
-        mask = rollout.completion_mask.bool()
-        last = mask.sum(-1) - 1
-        rewards = torch.zeros(mask.shape)
-        rewards[torch.arange(mask.shape[0]), last] = (last % 2).float()
-        deposit_mask = torch.zeros_like(mask)
-        deposit_mask[torch.arange(mask.shape[0]), last] = True
-        return Deposits(rewards, deposit_mask, rewards.sum(-1))
-
     torch.manual_seed(0)
     policy = Policy(build_qwen3(len(tiny_tokenizer), seed=0), PolicyConfig(rank=2), keep_reference=False)
     config = StepConfig(3, SamplingConfig(8, temperature=0.9), LossConfig(beta=0.0), advantage_estimator="prefix_trie",
                         l2=0.01)
     buffer = ReplayBuffer(ReplayConfig(threshold=1.0, successes=1, failures=1), seed=0)
-    row = grpo_step(policy, tiny_tokenizer, torch.optim.AdamW(policy.trainable_parameters(), lr=1e-3), problems,
-                    length_parity, config, seed=3, replay=buffer)
+    row = grpo_step(policy, tiny_tokenizer, torch.optim.AdamW(policy.trainable_parameters(), lr=1e-3), PROBLEMS,
+                    length_reward(2), config, seed=3, replay=buffer)
     assert len(buffer.successes) + len(buffer.failures) == 6, "the step's 2 x 3 completions are stored"
     assert row["replayed"] == min(1, len(buffer.successes)) + min(1, len(buffer.failures)) > 0
     assert "replay_loss" in row and row["loss_tokens"] > 0

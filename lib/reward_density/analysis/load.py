@@ -82,7 +82,7 @@ def load_cell(folder: str | Path) -> OneCell:
 
     def table(name: str) -> pd.DataFrame:
         path = folder / name
-        return pd.read_csv(path, dtype={"problem_id": str}) if path.is_file() else pd.DataFrame()
+        return _read_csv(path, {}) if path.is_file() else pd.DataFrame()
 
     summary = folder / cell_folder.SUMMARY
     answers = table(cell_folder.ANSWERS)
