@@ -7,6 +7,7 @@
 #   ./run_all.sh test [pytest args] set up, then run the unit tests and the nbval checks (what CI runs)
 #   ./run_all.sh lab [--port N]     set up, then open the study in JupyterLab (notebooks/*.py open as notebooks)
 #   ./run_all.sh board [PROFILE]    set up, then TensorBoard on the cells of a profile (default mini), live
+#   ./run_all.sh papers [options]   the default study, then every related paper's experiments (PAPERS), in order
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -53,6 +54,11 @@ run_tests() {
   HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 "$PY" -m pytest tests --nbval-lax --nbval-sanitize-with tests/golden/sanitize.cfg "$@"
 }
 
+# The experiments of the related papers, each a profile run after the studies it is compared with (the default
+# study first): KL-free GRPO, then the token-selection methods on arithmetic and on multiplication. Hours on a
+# 2-core CPU, so not part of the default run; finished cells are skipped, so it resumes where it stopped.
+PAPERS=(mini mini_klfree mini_sgrpo mini_tspmo mini_mult mini_mult_sgrpo mini_mult_tspmo mini_mult_tspmo_replay)
+
 run_study() {
   # Defaults: the mini profile, one cell per core; options given later override them (argparse: last wins).
   "$PY" -m reward_density.run --profile mini --jobs "$(nproc 2>/dev/null || echo 1)" "$@"
@@ -63,8 +69,9 @@ case "${1:-}" in
   test) shift; setup; run_tests "$@" ;;
   lab) shift; setup; exec "$PY" -m reward_density.tools.lab "$@" ;;
   board) setup; exec "$VENV/bin/tensorboard" --logdir "outputs/${2:-mini}/cells" ;;
-  -h|--help) echo "usage: ./run_all.sh [setup | test [pytest args] | lab | board [PROFILE] | [runner options]]" >&2
+  papers) shift; setup; for profile in "${PAPERS[@]}"; do run_study --profile "$profile" "$@"; done ;;
+  -h|--help) echo "usage: ./run_all.sh [setup | test [pytest args] | lab | board [PROFILE] | papers | [runner options]]" >&2
              setup >/dev/null; "$PY" -m reward_density.run --help ;;
   ""|--*) setup; run_study "$@" ;;
-  *) echo "usage: ./run_all.sh [setup | test [pytest args] | lab | board [PROFILE] | [--profile P] [--cells GLOBS] [--jobs N]]" >&2; exit 2 ;;
+  *) echo "usage: ./run_all.sh [setup | test [pytest args] | lab | board [PROFILE] | papers | [--profile P] [--cells GLOBS] [--jobs N]]" >&2; exit 2 ;;
 esac

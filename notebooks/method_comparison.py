@@ -26,6 +26,7 @@ methods = {"GRPO": "mini", "S-GRPO": "mini_sgrpo", "T-SPMO": "mini_tspmo"}  # na
 regime = "outcome"
 equivalence_margin = 0.05
 confidence = 0.95
+memory_ranks = [1, "full"]  # arms whose peak step memory is measured per method ([] skips the measurement)
 
 # %%
 from pathlib import Path
@@ -34,6 +35,7 @@ from IPython.display import Markdown, display
 
 from reward_density.analysis import load
 from reward_density.analysis import methods as compare
+from reward_density.experiment.step_memory import method_memory
 
 outputs = Path(outputs_dir)
 studies = {}
@@ -62,6 +64,21 @@ print(compare.method_accuracy(studies, regime, equivalence_margin, confidence).m
 # NBVAL_CHECK_OUTPUT
 print(compare.loss_tokens(studies, regime).markdown)
 
+# %% [markdown]
+# ## Peak memory of one step
+#
+# The paper counts tokens in the loss as its memory proxy. Here one step of each method that ran is measured
+# (one arm through peft, the method's own settings from its profile, after a warm-up step), beside GRPO run
+# one completion at a time, the paper's low-memory GRPO baseline. Bytes depend on the completions sampled, so
+# the table shows them too.
+
 # %%
-path = compare.write_method_comparison(studies, outputs, regime, equivalence_margin, confidence, methods)
+memory = []
+if memory_ranks:
+    memory = method_memory({name: methods[name] for name in studies}, regime, memory_ranks,
+                           root=outputs.parent.parent)
+    print(compare.step_memory(memory).markdown)
+
+# %%
+path = compare.write_method_comparison(studies, outputs, regime, equivalence_margin, confidence, methods, memory)
 display(Markdown(path.read_text()))

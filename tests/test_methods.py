@@ -1,12 +1,16 @@
-"""GRPO against its token-selection variants: the same arms paired across studies, and the tokens in the loss."""
+"""GRPO against its token-selection variants: the same arms paired across studies, the tokens in the loss, and the
+peak memory of a step."""
 import nbformat
 import pandas as pd
 import pytest
+import torch
+from conftest import SMOKE_WORLD
 from test_analysis import N_PROBLEMS, write_cell
 
 from reward_density.analysis.load import load_cells
 from reward_density.analysis.methods import loss_tokens, method_accuracy, write_method_comparison
-from reward_density.experiment.profiles import REPO_ROOT
+from reward_density.experiment.profiles import REPO_ROOT, cell_config, find_profile, load_profile
+from reward_density.experiment.step_memory import MIB, method_memory, peak_allocated, step_peak_memory
 from reward_density.run.notebooks import execute_notebook
 
 
@@ -57,7 +61,63 @@ def test_the_notebook_compares_the_studies_that_ran_and_names_the_rest(tmp_path)
     method_study(tmp_path / "outputs" / "tspmo", {4: [8, 8], None: [6, 6]}, tokens_in_loss=2.0)
     out = tmp_path / "outputs" / "tspmo"
     execute_notebook(REPO_ROOT / "notebooks" / "method_comparison.py", tmp_path / "run.ipynb",
-                     {"outputs_dir": str(out), "methods": {"GRPO": "grpo", "S-GRPO": "sgrpo", "T-SPMO": "tspmo"}})
+                     {"outputs_dir": str(out), "methods": {"GRPO": "grpo", "S-GRPO": "sgrpo", "T-SPMO": "tspmo"},
+                      "memory_ranks": []})
     printed = "".join(o.get("text", "") for c in nbformat.read(tmp_path / "run.ipynb", 4).cells for o in c.get("outputs", []))
     assert "S-GRPO: left out" in printed and "compared: GRPO, T-SPMO" in printed
     assert "GRPO vs T-SPMO" in (out / "method_comparison.md").read_text()
+
+
+def test_the_peak_counts_what_a_step_holds_at_once_not_what_it_allocates_in_all():
+    def work():
+        held = [torch.ones(MIB // 4) for _ in range(3)]  # 3 MiB alive together
+        for _ in range(5):
+            torch.ones(2 * MIB // 4)  # 2 MiB each, freed at once: 10 MiB allocated in all
+        return len(held)
+
+    result, peak = peak_allocated(work)
+    assert result == 3
+    assert 5 * MIB <= peak < 5.5 * MIB, f"peak {peak / MIB:.2f} MiB; expected the 3 held + one 2 MiB temporary"
+
+
+def smoke_cell(smoke_project, rank, **settings):
+    profile = load_profile(find_profile("smoke", smoke_project))
+    return cell_config(profile, "outcome", rank, 0, root=smoke_project, **({"micro_batch_size": None} | settings))
+
+
+def test_one_completion_at_a_time_holds_less_than_the_batched_step_and_token_selection_holds_as_much(smoke_project):
+    batched = step_peak_memory(smoke_cell(smoke_project, 1))
+    one_at_a_time = step_peak_memory(smoke_cell(smoke_project, 1, micro_batch_size=1))
+    selected = step_peak_memory(smoke_cell(smoke_project, 1, token_alpha=1, token_k=2, token_p=0.5))
+    assert selected["len_mean"] == batched["len_mean"], "the same seed samples the same completions"
+    assert selected["loss_tokens"] < batched["loss_tokens"]
+    assert one_at_a_time["peak_mib"] < 0.75 * batched["peak_mib"], (one_at_a_time, batched)
+    assert selected["peak_mib"] == pytest.approx(batched["peak_mib"], rel=0.05), \
+        "the exact gradient of a token subset still runs the backward through every token"
+
+
+def test_every_method_and_the_per_completion_baseline_is_measured_per_arm(smoke_project):
+    rows = method_memory({"GRPO": "smoke"}, "outcome", [1, "full"], root=smoke_project)
+    assert [(r["method"], r["arm"]) for r in rows] == [
+        ("GRPO", "r1"), ("GRPO", "full"), ("GRPO, one completion at a time", "r1"),
+        ("GRPO, one completion at a time", "full")]
+    assert all(r["peak_mib"] > 0 and r["completions"] == 4 for r in rows)
+
+
+def test_a_fullft_arm_without_kl_penalty_still_tracks_its_kl(smoke_project):
+    """T-SPMO's beta = 0 with the KL recorded: the peft FullFT arm keeps a reference copy to score it."""
+    row = step_peak_memory(smoke_cell(smoke_project, None, beta=0.0, track_kl=True))
+    assert row["peak_mib"] > 0
+
+
+def test_the_notebook_measures_the_memory_of_the_methods_that_ran(tmp_path, smoke_project):  # smoke world built
+    for name in ("params", "notebooks"):
+        (tmp_path / name).symlink_to(REPO_ROOT / name)
+    study = tmp_path / "outputs" / "smoke"
+    method_study(study, {1: [5, 5], None: [6, 6]})
+    (study / "world").symlink_to(SMOKE_WORLD)
+    execute_notebook(REPO_ROOT / "notebooks" / "method_comparison.py", tmp_path / "run.ipynb",
+                     {"outputs_dir": str(study), "methods": {"GRPO": "smoke"}, "memory_ranks": [1]})
+    memory = pd.read_csv(study / "method_memory.csv")
+    assert memory["method"].tolist() == ["GRPO", "GRPO, one completion at a time"]
+    assert "Peak memory of one step" in (study / "method_comparison.md").read_text()

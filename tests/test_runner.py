@@ -271,3 +271,20 @@ def test_the_analysis_stage_compares_the_methods_a_profile_names(root):
     outputs = root / "outputs" / "tiny"
     assert read_json(outputs / "method_comparison.md") == {"GRPO": "smoke", "T-SPMO": "tiny"}
     assert "methods" not in read_json(outputs / "report.md"), "the main analysis does not receive the comparison's key"
+
+
+def test_papers_runs_every_comparison_after_the_studies_it_reads():
+    """`./run_all.sh papers`: the profile that writes a comparison (compare_with, or the last of its methods)
+    comes after every study the comparison reads, and every such profile is in the list."""
+    line = next(l for l in (REPO_ROOT / "run_all.sh").read_text().splitlines() if l.startswith("PAPERS=("))
+    papers = line[len("PAPERS=("):line.index(")")].split()
+    assert papers[0] == "mini", "the default study runs first: every comparison reads it"
+    for index, name in enumerate(papers):
+        analysis = load_profile(REPO_ROOT / "params" / f"{name}.yaml").analysis
+        methods = list((analysis.get("methods") or {}).values())
+        read = [analysis.get("compare_with")] + (methods if methods[-1:] == [name] else [])
+        missing = [other for other in read if other and other not in papers[: index + 1]]
+        assert not missing, f"{name} compares with {missing}, which `papers` does not run before it"
+    comparing = {path.stem for path in (REPO_ROOT / "params").glob("*.yaml")
+                 if {"compare_with", "methods"} & set(load_profile(path).analysis)}
+    assert comparing <= set(papers), f"profiles with a comparison left out of `papers`: {comparing - set(papers)}"

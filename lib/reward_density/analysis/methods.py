@@ -12,6 +12,14 @@ from .load import Cells, arms
 from .plots import plot_method_accuracy, plot_method_curves
 from .tables import Table, comparison, final_answers, markdown_table
 
+MEMORY_NOTE = (
+    "One arm through peft, each method's own step settings, measured after a warm-up step: the most bytes held at "
+    "once beyond the model, the reference and the optimizer state (experiment/step_memory.py). The token-selection "
+    "methods here take the exact gradient of their loss, which flows through every earlier token of a completion, "
+    "so the forward pass keeps every token's activations and logits for the backward whichever tokens enter the "
+    "loss: a step's peak follows the padded batch of completions it sampled, not its tokens in the loss. Running "
+    "one completion at a time bounds the activations by one completion's.")
+
 
 def method_accuracy(studies: dict[str, Cells], regime: str, margin: float, confidence: float = 0.95) -> Table:
     """Per method and arm: final pass@1 (mean and sd over seeds) and, beside the first (baseline) method, the
@@ -63,15 +71,32 @@ def loss_tokens(studies: dict[str, Cells], regime: str) -> Table:
     return Table(frame, markdown_table(header, lines))
 
 
+def step_memory(rows: list[dict]) -> Table:
+    """Per method and arm: the peak memory of one step (experiment/step_memory.py), with the completion tokens
+    it sampled and the tokens per completion it put into the loss."""
+    frame = pd.DataFrame(rows, columns=["method", "profile", "arm", "peak_mib", "completions", "len_mean", "loss_tokens"])
+    lines = [[r.method, r.arm, f"{r.peak_mib:.2f}", f"{r.completions} x {r.len_mean:.1f}", f"{r.loss_tokens:.1f}"]
+             for r in frame.itertuples()]
+    header = ["method", "arm", "peak MiB", "completions x mean length", "loss tokens per completion"]
+    return Table(frame, markdown_table(header, lines))
+
+
 def write_method_comparison(studies: dict[str, Cells], out_dir: str | Path, regime: str, margin: float,
-                            confidence: float = 0.95, profiles: dict[str, str] | None = None) -> Path:
-    """method_comparison.csv, method_tokens.csv, figures/method_accuracy.png and figures/method_curves.png and
-    method_comparison.md under out_dir (profiles: each method's profile, named in it); returns its path."""
+                            confidence: float = 0.95, profiles: dict[str, str] | None = None,
+                            memory: list[dict] | None = None) -> Path:
+    """method_comparison.csv, method_tokens.csv, method_memory.csv (given step_memory rows), figures/method_accuracy.png
+    and figures/method_curves.png and method_comparison.md under out_dir (profiles: each method's profile, named in
+    it); returns its path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     accuracy, tokens = method_accuracy(studies, regime, margin, confidence), loss_tokens(studies, regime)
     accuracy.frame.to_csv(out / "method_comparison.csv", index=False)
     tokens.frame.to_csv(out / "method_tokens.csv", index=False)
+    memory_lines = []
+    if memory:
+        table = step_memory(memory)
+        table.frame.to_csv(out / "method_memory.csv", index=False)
+        memory_lines = ["## Peak memory of one step", "", MEMORY_NOTE, "", table.markdown]
     plot_method_accuracy(accuracy.frame, out / "figures" / "method_accuracy.png")
     plot_method_curves(studies, regime, out / "figures" / "method_curves.png")
     base = next(iter(studies))
@@ -93,6 +118,7 @@ def write_method_comparison(studies: dict[str, Cells], out_dir: str | Path, regi
         "## Tokens in the loss (the paper's Table 3)",
         "",
         tokens.markdown,
+        *memory_lines,
         "## Training curves",
         "",
         "Mean trajectory reward per step (mean over seeds, 10-step moving average), one panel per method, one line "

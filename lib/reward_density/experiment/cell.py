@@ -271,7 +271,7 @@ def make_policy(configs: list[CellConfig], student: torch.nn.Module) -> Policy |
     torch.manual_seed(config.seed)
     if config.engine == "stacked":
         return StackedPolicy(student, [policy_config(c) for c in configs], config.seed)
-    return Policy(student, policy_config(config), keep_reference=config.beta > 0)
+    return Policy(student, policy_config(config), keep_reference=config.beta > 0 or config.track_kl)
 
 
 def make_optimizer(configs: list[CellConfig], policy: Policy | StackedPolicy) -> torch.optim.Optimizer:
