@@ -77,7 +77,7 @@ memory = []
 if memory_ranks:
     memory = method_memory({name: methods[name] for name in studies}, regime, memory_ranks,
                            root=outputs.parent.parent)
-    print(compare.step_memory(memory).markdown)
+    print(compare.memory_table(memory).markdown)
 
 # %%
 path = compare.write_method_comparison(studies, outputs, regime, equivalence_margin, confidence, methods, memory)

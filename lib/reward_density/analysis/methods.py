@@ -71,10 +71,11 @@ def loss_tokens(studies: dict[str, Cells], regime: str) -> Table:
     return Table(frame, markdown_table(header, lines))
 
 
-def step_memory(rows: list[dict]) -> Table:
+def memory_table(rows: list[dict]) -> Table:
     """Per method and arm: the peak memory of one step (experiment/step_memory.py), with the completion tokens
     it sampled and the tokens per completion it put into the loss."""
-    frame = pd.DataFrame(rows, columns=["method", "profile", "arm", "peak_mib", "completions", "len_mean", "loss_tokens"])
+    columns = ["method", "profile", "arm", "peak_mib", "completions", "len_mean", "loss_tokens"]
+    frame = pd.DataFrame(rows, columns=columns)
     lines = [[r.method, r.arm, f"{r.peak_mib:.2f}", f"{r.completions} x {r.len_mean:.1f}", f"{r.loss_tokens:.1f}"]
              for r in frame.itertuples()]
     header = ["method", "arm", "peak MiB", "completions x mean length", "loss tokens per completion"]
@@ -84,9 +85,9 @@ def step_memory(rows: list[dict]) -> Table:
 def write_method_comparison(studies: dict[str, Cells], out_dir: str | Path, regime: str, margin: float,
                             confidence: float = 0.95, profiles: dict[str, str] | None = None,
                             memory: list[dict] | None = None) -> Path:
-    """method_comparison.csv, method_tokens.csv, method_memory.csv (given step_memory rows), figures/method_accuracy.png
-    and figures/method_curves.png and method_comparison.md under out_dir (profiles: each method's profile, named in
-    it); returns its path."""
+    """method_comparison.csv, method_tokens.csv, method_memory.csv (given method_memory rows),
+    figures/method_accuracy.png and figures/method_curves.png and method_comparison.md under out_dir (profiles: each
+    method's profile, named in it); returns its path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     accuracy, tokens = method_accuracy(studies, regime, margin, confidence), loss_tokens(studies, regime)
@@ -94,7 +95,7 @@ def write_method_comparison(studies: dict[str, Cells], out_dir: str | Path, regi
     tokens.frame.to_csv(out / "method_tokens.csv", index=False)
     memory_lines = []
     if memory:
-        table = step_memory(memory)
+        table = memory_table(memory)
         table.frame.to_csv(out / "method_memory.csv", index=False)
         memory_lines = ["## Peak memory of one step", "", MEMORY_NOTE, "", table.markdown]
     plot_method_accuracy(accuracy.frame, out / "figures" / "method_accuracy.png")
