@@ -27,16 +27,21 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
     return folder
 
 
-@pytest.fixture(scope="session")
-def smoke_project(tmp_path_factory):
-    """A project root with the real notebooks and params and the repository's smoke world (built if missing)."""
+def make_smoke_project(root):
+    """root laid out as a project: the real notebooks and params, and the repository's smoke world (built if
+    missing) under outputs/smoke/world."""
     build_world(world_config("smoke"), SMOKE_WORLD, log=lambda line: None)  # skipped when up to date
-    root = tmp_path_factory.mktemp("smoke-project")
     for name in ("notebooks", "params"):
         (root / name).symlink_to(REPO_ROOT / name)
     (root / "outputs" / "smoke").mkdir(parents=True)
     (root / "outputs" / "smoke" / "world").symlink_to(SMOKE_WORLD)
     return root
+
+
+@pytest.fixture(scope="session")
+def smoke_project(tmp_path_factory):
+    """A project root with the real notebooks and params and the repository's smoke world, shared by the session."""
+    return make_smoke_project(tmp_path_factory.mktemp("smoke-project"))
 
 
 def pytest_collection_finish(session):

@@ -4,7 +4,7 @@ import nbformat
 import pandas as pd
 import pytest
 import torch
-from conftest import SMOKE_WORLD
+from conftest import make_smoke_project
 from test_analysis import N_PROBLEMS, write_cell
 
 from reward_density.analysis.load import load_cells
@@ -110,12 +110,9 @@ def test_a_fullft_arm_without_kl_penalty_still_tracks_its_kl(smoke_project):
     assert row["peak_mib"] > 0
 
 
-def test_the_notebook_measures_the_memory_of_the_methods_that_ran(tmp_path, smoke_project):  # smoke world built
-    for name in ("params", "notebooks"):
-        (tmp_path / name).symlink_to(REPO_ROOT / name)
-    study = tmp_path / "outputs" / "smoke"
+def test_the_notebook_measures_the_memory_of_the_methods_that_ran(tmp_path):
+    study = make_smoke_project(tmp_path) / "outputs" / "smoke"  # its own root: fake cells stay out of the shared one
     method_study(study, {1: [5, 5], None: [6, 6]})
-    (study / "world").symlink_to(SMOKE_WORLD)
     execute_notebook(REPO_ROOT / "notebooks" / "method_comparison.py", tmp_path / "run.ipynb",
                      {"outputs_dir": str(study), "methods": {"GRPO": "smoke"}, "memory_ranks": [1]})
     memory = pd.read_csv(study / "method_memory.csv")

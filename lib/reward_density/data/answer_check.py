@@ -230,12 +230,13 @@ class LastIntegerChecker:
         if bad:
             raise ValueError(f"these gold answers are not integers (a data bug, not a wrong answer): {bad!r}")
         answers = [last_integer(text) for text in completions]
-        return [Verdict.UNPARSABLE if answer is None else Verdict.CORRECT if answer == int(gold.replace(",", "")) else Verdict.WRONG
+        return [Verdict.UNPARSABLE if answer is None
+                else Verdict.CORRECT if answer == int(gold.replace(",", "")) else Verdict.WRONG
                 for gold, answer in zip(golds, answers)]
 
     def unparsable_golds(self, golds: Sequence[str]) -> list[str]:
         """The distinct golds that are not plain integers, in order."""
-        return [gold for gold in dict.fromkeys(golds) if not re.fullmatch(r"-?\d+", gold.replace(",", "").strip())]
+        return [gold for gold in dict.fromkeys(golds) if not _INTEGER.fullmatch(gold.replace(",", "").strip())]
 
     def close(self) -> None:
         """Nothing to stop (the AnswerChecker interface)."""

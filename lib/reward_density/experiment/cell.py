@@ -56,6 +56,12 @@ def replay_config(config: CellConfig) -> ReplayConfig | None:
     return ReplayConfig(config.replay_threshold, config.replay_successes, config.replay_failures)
 
 
+def make_replay(config: CellConfig) -> ReplayBuffer | None:
+    """The cell's empty replay buffer (seeded by the cell), or None when it replays nothing."""
+    replaying = replay_config(config)
+    return None if replaying is None else ReplayBuffer(replaying, config.seed)
+
+
 def policy_config(config: CellConfig) -> PolicyConfig:
     """The policy's settings of a cell: a LoRA adapter of its rank, or full fine-tuning."""
     return PolicyConfig(rank=config.rank, alpha=config.lora_alpha, dropout=config.lora_dropout,
@@ -316,8 +322,7 @@ def train(configs: list[CellConfig], inputs: CellInputs, policy: Policy | Stacke
     per_step = (config.sft_batch_size or config.prompts_per_step * config.group_size) if config.regime == SFT \
         else config.prompts_per_step
     problems = batches(inputs.train, per_step, config.seed)
-    replaying = replay_config(config)
-    replay = None if replaying is None else ReplayBuffer(replaying, config.seed)
+    replay = make_replay(config)
     for step in bar:
         batch, seed = next(problems), config.seed * 1_000_003 + step
         if config.regime == SFT:

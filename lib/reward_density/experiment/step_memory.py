@@ -17,7 +17,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ..data.answer_check import make_checker
-from ..grpo.replay import ReplayBuffer
 from ..grpo.step import grpo_step
 from . import cell
 from .config import CellConfig
@@ -62,8 +61,7 @@ def step_peak_memory(config: CellConfig) -> dict[str, float]:
         policy = cell.make_policy([config], inputs.student)
         optimizer = cell.make_optimizer([config], policy)
         settings = cell.step_config(config)
-        replaying = cell.replay_config(config)
-        replay = None if replaying is None else ReplayBuffer(replaying, config.seed)
+        replay = cell.make_replay(config)
         problems = cell.batches(inputs.train, config.prompts_per_step, config.seed)
 
         def step(index: int) -> dict[str, float]:

@@ -1,8 +1,9 @@
 """S-GRPO's token subset ("Token-Efficient RL for LLM Reasoning", Eq. 6): which completion tokens enter the loss.
 
 The first alpha tokens of a completion always do; each later one does with probability P while fewer than
-k have been chosen. The loss then averages over the chosen tokens only (grpo_loss's token_subset), so
-memory and the gradient's variance shrink with k; GRPO is the rule that keeps every token.
+k have been chosen. The loss then averages over the chosen tokens only (grpo_loss's token_subset); the
+forward and backward passes still run over every token, so a step's memory does not shrink with k
+(experiment/step_memory.py measures it). GRPO is the rule that keeps every token.
 """
 from __future__ import annotations
 
