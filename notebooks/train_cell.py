@@ -44,6 +44,7 @@ loss_normalisation: Optional[str] = None  # token_mean (paper) | sequence_mean (
 advantage_eps: Optional[float] = None  # added to the group std (Eq. 3) [0.0001]
 max_grad_norm: Optional[float] = None  # gradient-norm clip [1.0]
 weight_decay: Optional[float] = None  # AdamW weight decay [0.0]
+lr_schedule: Optional[str] = None  # constant (paper) | linear: decays to 0 over the steps (TRL's default) ['constant']
 lora_alpha: Optional[float] = None  # LoRA alpha, whatever the rank [32]
 lora_dropout: Optional[float] = None  # LoRA dropout [0.0]
 sft_batch_size: Optional[int] = None  # solutions per step of the SFT control (unset: P x G) [None]

@@ -6,7 +6,9 @@ from dataclasses import MISSING
 import jupytext
 import nbformat
 import papermill
+import pytest
 
+from reward_density.experiment.cell import lr_factor
 from reward_density.experiment.config import CellConfig, cell_name, notebook_settings, parameters_cell, parse_cell_name
 from reward_density.experiment.profiles import REPO_ROOT, cell_config, find_profile, load_profile
 
@@ -78,3 +80,13 @@ def test_the_golden_training_notebooks_carry_the_schemas_parameters_cell():
         cell = next(c for c in notebook.cells if "parameters" in c.metadata.get("tags", []))
         assert cell.source.strip() == parameters_cell().strip(), (
             f"{golden.name} predates the cell schema: run .venv/bin/python tests/golden/regenerate.py")
+
+
+def test_a_linear_schedule_decays_the_rate_to_one_step_of_it_and_constant_keeps_it():
+    profile = load_profile(REPO_ROOT / "params" / "smoke.yaml")
+    linear = cell_config(profile, "outcome", 1, 0, lr_schedule="linear", steps=4)
+    assert [lr_factor(step, linear) for step in (1, 2, 3, 4)] == [1.0, 0.75, 0.5, 0.25]
+    constant = cell_config(profile, "outcome", 1, 0, steps=4)
+    assert [lr_factor(step, constant) for step in (1, 4)] == [1.0, 1.0], "the paper's rate is constant"
+    with pytest.raises(ValueError, match="lr_schedule = 'cosine'"):
+        cell_config(profile, "outcome", 1, 0, lr_schedule="cosine")

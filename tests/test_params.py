@@ -54,12 +54,24 @@ def error_of(tmp_path: Path, data) -> str:
     return message
 
 
-@pytest.mark.parametrize("name, cells", [("mini", 96), ("mini_sweep", 192), ("mini_klfree", 72), ("smoke", 12), ("paper", 54)])
+@pytest.mark.parametrize("name, cells", [("mini", 96), ("mini_sweep", 192), ("mini_klfree", 72),
+                                         ("mini_outcome_seeds", 72), ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
     profile = load_profile(find_profile(name))
     assert profile.name == name
     names = [cell.name for cell in profile.cells()]
     assert len(names) == len(set(names)) == cells
+
+
+def test_the_outcome_replication_differs_from_mini_only_in_its_fresh_seeds():
+    mini, replication = (load_profile(find_profile(name)) for name in ("mini", "mini_outcome_seeds"))
+    assert replication.matrix.regimes == ("outcome",)
+    assert not set(replication.matrix.seeds) & set(mini.matrix.seeds), "a replication needs seeds the study never ran"
+    assert (replication.matrix.ranks, replication.matrix.full_ft) == (mini.matrix.ranks, mini.matrix.full_ft)
+    assert replication.matrix.learning_rate["outcome"] == mini.matrix.learning_rate["outcome"]
+    differing = {k for k in mini.cell if mini.cell[k] != replication.cell[k]} - {"sft_batch_size"}  # the control's
+    assert not differing, f"cell settings differ from mini's: {sorted(differing)}"
+    assert (replication.world, replication.analysis) == (mini.world, mini.analysis)
 
 
 def test_mini_order_and_names():

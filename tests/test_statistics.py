@@ -10,7 +10,9 @@ from reward_density.analysis.statistics import (
     minimum_detectable_difference,
     paired_diff,
     paired_differences,
+    seeds_for_equivalence,
     simulate_coverage,
+    simulate_differences,
     tost,
     variance_of_mean,
 )
@@ -147,6 +149,32 @@ def test_a_percentile_bootstrap_over_three_seeds_does_not_hold_its_level():
 
     design = StudyDesign(seeds=3, problems=300, seed_sd=0.3)
     assert simulate_coverage(design, bootstrap, 0.95, studies=200) < 0.88
+
+
+def test_the_projected_number_of_seeds_gives_the_tost_power_it_promises():
+    # A large pilot estimates the variance components; studies of the projected size, with no true difference,
+    # must then show equivalence about 80% of the time, and studies of half that size far less often.
+    pilot = simulate_differences(StudyDesign(seeds=40, problems=300, seed_sd=0.3, arm_gap=0.0),
+                                 np.random.default_rng(0))
+    needed = seeds_for_equivalence(pilot, margin=0.05, alpha=0.05, power=0.8)
+    assert needed is not None and 10 < needed < 100, f"projected {needed} seeds for a seed sd of 0.3 on the logit"
+
+    def share_equivalent(seeds: int) -> float:
+        design, rng = StudyDesign(seeds=seeds, problems=300, seed_sd=0.3, arm_gap=0.0), np.random.default_rng(1)
+        verdicts = [tost(crossed_interval(simulate_differences(design, rng)), 0.05).verdict for _ in range(200)]
+        return verdicts.count("equivalent") / len(verdicts)
+
+    at_needed, at_half = share_equivalent(needed), share_equivalent(needed // 2)
+    assert 0.75 <= at_needed <= 0.95, f"{needed} seeds showed equivalence in {at_needed:.0%} of studies, not ~80%"
+    assert at_half < 0.6, f"half the projected seeds ({needed // 2}) still showed equivalence in {at_half:.0%}"
+
+
+def test_without_seed_variance_two_seeds_suffice_and_problem_variance_alone_can_need_more_problems():
+    rng = np.random.default_rng(0)
+    quiet = rng.normal(0, 0.01, (4, 1000))  # tiny problem-level noise, no seed effect
+    assert seeds_for_equivalence(quiet, margin=0.05) == 2
+    noisy = rng.choice([-1.0, 1.0], size=(4, 20)) + rng.normal(0, 1, (1, 20))  # 20 problems cannot pin the mean
+    assert seeds_for_equivalence(noisy, margin=0.05) is None, "more seeds cannot shrink the problems' share"
 
 
 def test_no_shared_seed_is_an_error():

@@ -103,7 +103,9 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
         "",
         f"How precisely each comparison was measured: its standard error and degrees of freedom, the half-width of "
         f"the {tost_level:.0%} interval TOST reads (a verdict at ±{margin:g} needs it well below {margin:g}), and the "
-        "minimum detectable difference: the smallest true LoRA − FullFT gap a two-sided 5% test finds with 80% power.",
+        "minimum detectable difference: the smallest true LoRA − FullFT gap a two-sided 5% test finds with 80% power; "
+        "and what a verdict would cost: the seeds (same problems) with which TOST shows equivalence with 80% power "
+        "when LoRA and FullFT truly do not differ, projected from the comparison's seed and problem variances.",
         "",
         power_markdown(equivalence.frame),
         "## Plateau",

@@ -87,6 +87,23 @@ def _by_seed_and_problem(arm: pd.DataFrame, name: str) -> pd.DataFrame:
     return frame.pivot(index="seed", columns="problem_id", values="correct")
 
 
+def _mean_squares(diffs: np.ndarray) -> tuple[float, float, float]:
+    """The two-way ANOVA mean squares of a seeds x problems matrix: seeds, problems, residual."""
+    n_seeds, n_problems = diffs.shape
+    grand = diffs.mean()
+    seed_means, problem_means = diffs.mean(axis=1), diffs.mean(axis=0)
+    ms_seed = n_problems * ((seed_means - grand) ** 2).sum() / (n_seeds - 1)
+    ms_problem = n_seeds * ((problem_means - grand) ** 2).sum() / (n_problems - 1)
+    residual = diffs - seed_means[:, None] - problem_means[None, :] + grand
+    ms_residual = (residual ** 2).sum() / ((n_seeds - 1) * (n_problems - 1))
+    return float(ms_seed), float(ms_problem), float(ms_residual)
+
+
+def _satterthwaite(terms: list[tuple[float, float]]) -> float:
+    """Degrees of freedom of a sum of independent variance estimates, given as (value, its df) pairs."""
+    return sum(v for v, _ in terms) ** 2 / sum(v ** 2 / df for v, df in terms)
+
+
 def variance_of_mean(diffs: np.ndarray) -> tuple[float, float]:
     """Estimated variance of the grand mean of a seeds x problems matrix, and its degrees of freedom."""
     n_seeds, n_problems = diffs.shape
@@ -95,20 +112,42 @@ def variance_of_mean(diffs: np.ndarray) -> tuple[float, float]:
         if values.size < 2:
             raise ValueError("one seed and one problem: no variance can be estimated")
         return float(values.var(ddof=1) / values.size), float(values.size - 1)
-    grand = diffs.mean()
-    seed_means, problem_means = diffs.mean(axis=1), diffs.mean(axis=0)
-    ms_seed = n_problems * ((seed_means - grand) ** 2).sum() / (n_seeds - 1)
-    ms_problem = n_seeds * ((problem_means - grand) ** 2).sum() / (n_problems - 1)
-    residual = diffs - seed_means[:, None] - problem_means[None, :] + grand
-    df_residual = (n_seeds - 1) * (n_problems - 1)
-    ms_residual = (residual ** 2).sum() / df_residual
-    cells = n_seeds * n_problems
+    ms_seed, ms_problem, ms_residual = _mean_squares(diffs)
+    cells, df_residual = n_seeds * n_problems, (n_seeds - 1) * (n_problems - 1)
     combined = ms_seed + ms_problem - ms_residual
     if combined <= ms_residual:  # the components cannot be negative: at least the residual's share remains
-        return float(ms_residual / cells), float(df_residual)
-    df = combined ** 2 / (ms_seed ** 2 / (n_seeds - 1) + ms_problem ** 2 / (n_problems - 1)
-                          + ms_residual ** 2 / df_residual)
-    return float(combined / cells), float(df)
+        return ms_residual / cells, float(df_residual)
+    df = _satterthwaite([(ms_seed, n_seeds - 1), (ms_problem, n_problems - 1), (-ms_residual, df_residual)])
+    return combined / cells, float(df)
+
+
+MAX_PROJECTED_SEEDS = 1000  # seeds_for_equivalence gives up beyond this many
+
+
+def seeds_for_equivalence(diffs: np.ndarray, margin: float, alpha: float = 0.05, power: float = 0.8,
+                          max_seeds: int = MAX_PROJECTED_SEEDS) -> int | None:
+    """The fewest seeds with which TOST at ±margin shows equivalence with the given power when the true
+    difference is 0, on the same problems, projected from this matrix's variance components; None when more
+    than max_seeds would be needed (or only more problems would do)."""
+    n_seeds, n_problems = diffs.shape
+    if n_seeds < 2 or n_problems < 2:
+        return None
+    ms_seed, ms_problem, ms_residual = _mean_squares(diffs)
+    # Components of D[s, p] = theta + a_s + b_p + e_sp, floored at 0 (Searle et al., ch. 4).
+    seed_var = max(0.0, (ms_seed - ms_residual) / n_problems)
+    problem_var = max(0.0, (ms_problem - ms_residual) / n_seeds)
+    for seeds in range(2, max_seeds + 1):
+        terms = [(seed_var / seeds, seeds - 1), (problem_var / n_problems, n_problems - 1),
+                 (ms_residual / (seeds * n_problems), (seeds - 1) * (n_problems - 1))]
+        terms = [(v, df) for v, df in terms if v > 0]
+        if not terms:  # no variance at all: the smallest study already decides
+            return seeds
+        se = np.sqrt(sum(v for v, _ in terms))
+        df = _satterthwaite(terms)
+        # TOST's power at a true 0: both one-sided tests reject when margin / SE >= t(1 - alpha) + t(1 - beta/2).
+        if margin >= (stats.t.ppf(1 - alpha, df) + stats.t.ppf(1 - (1 - power) / 2, df)) * se:
+            return seeds
+    return None
 
 
 def crossed_interval(diffs: np.ndarray, confidence: float = 0.95) -> PairedDiff:

@@ -7,7 +7,15 @@ from dataclasses import dataclass
 import pandas as pd
 
 from .load import KEYS, Cells, arm_name, arms, regimes
-from .statistics import minimum_detectable_difference, paired_diff, tost
+from .statistics import (
+    MAX_PROJECTED_SEEDS,
+    crossed_interval,
+    minimum_detectable_difference,
+    paired_diff,
+    paired_differences,
+    seeds_for_equivalence,
+    tost,
+)
 
 
 @dataclass(frozen=True)
@@ -97,18 +105,23 @@ def equivalence_table(cells: Cells, margin: float, confidence: float = 0.95) -> 
                 continue
             rows.append({**row, **comparison(lora, full, margin, confidence), "reason": ""})
     columns = ["regime", "rank", "arm", "estimate", "se", "df", "ci_low", "ci_high", "tost_low", "tost_high",
-               "tost_half_width", "mdd", "p_tost", "verdict", "n_pairs", "n_seeds", "n_problems", "reason"]
-    frame = pd.DataFrame(rows, columns=columns).astype({"rank": "Int64", "n_pairs": "Int64", "n_seeds": "Int64", "n_problems": "Int64"})
+               "tost_half_width", "mdd", "p_tost", "verdict", "seeds_needed", "n_pairs", "n_seeds", "n_problems",
+               "reason"]
+    counts = ("rank", "seeds_needed", "n_pairs", "n_seeds", "n_problems")
+    frame = pd.DataFrame(rows, columns=columns).astype(dict.fromkeys(counts, "Int64"))
     return Table(frame, _equivalence_markdown(frame, margin, confidence))
 
 
 def comparison(a: pd.DataFrame, b: pd.DataFrame, margin: float, confidence: float = 0.95) -> dict:
-    """a minus b, paired over seeds and problems: the crossed interval, TOST at ±margin and the power it had."""
-    diff = paired_diff(a, b, confidence)
+    """a minus b, paired over seeds and problems: the crossed interval, TOST at ±margin, the power it had and
+    the seeds it would need."""
+    diffs = paired_differences(a, b).to_numpy()
+    diff = crossed_interval(diffs, confidence)
     test = tost(diff, margin)
     return {"estimate": diff.estimate, "se": diff.se, "df": diff.df, "ci_low": diff.ci_low, "ci_high": diff.ci_high,
             "tost_low": test.ci_low, "tost_high": test.ci_high, "tost_half_width": (test.ci_high - test.ci_low) / 2,
             "mdd": minimum_detectable_difference(diff), "p_tost": test.p_value, "verdict": test.verdict,
+            "seeds_needed": seeds_for_equivalence(diffs, margin, alpha=test.alpha),
             "n_pairs": diff.n_pairs, "n_seeds": diff.n_seeds, "n_problems": diff.n_problems}
 
 
@@ -193,14 +206,16 @@ def _equivalence_markdown(frame: pd.DataFrame, margin: float, confidence: float)
 
 
 def power_markdown(equivalence: pd.DataFrame) -> str:
-    """Regime x LoRA arm: standard error, degrees of freedom, TOST half-width and minimum detectable difference."""
+    """Regime x LoRA arm: standard error, degrees of freedom, TOST half-width, minimum detectable difference and
+    the seeds a powered equivalence test would need."""
     compared = equivalence[equivalence["verdict"] != "skipped"]
     if compared.empty:
         return "No LoRA arm was compared with FullFT.\n"
-    lines = [[r.regime, r.arm, f"{r.se:.4f}", f"{r.df:.1f}", f"±{r.tost_half_width:.3f}", f"{r.mdd:.3f}"]
+    lines = [[r.regime, r.arm, f"{r.se:.4f}", f"{r.df:.1f}", f"±{r.tost_half_width:.3f}", f"{r.mdd:.3f}",
+              f"> {MAX_PROJECTED_SEEDS}" if pd.isna(r.seeds_needed) else r.seeds_needed, r.n_seeds]
              for r in compared.itertuples()]
-    return markdown_table(["regime", "arm", "SE", "df", "TOST interval half-width", "min. detectable difference"],
-                          lines)
+    return markdown_table(["regime", "arm", "SE", "df", "TOST interval half-width", "min. detectable difference",
+                           "seeds for 80% TOST power at a true 0", "seeds run"], lines)
 
 
 def capability_markdown(table: pd.DataFrame) -> str:

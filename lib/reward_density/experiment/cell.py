@@ -286,6 +286,11 @@ def make_optimizer(configs: list[CellConfig], policy: Policy | StackedPolicy) ->
     return torch.optim.AdamW(groups, weight_decay=configs[0].weight_decay)
 
 
+def lr_factor(step: int, config: CellConfig) -> float:
+    """The multiplier of every arm's learning rate at step (1-based): 1, or linear decay reaching 1/steps."""
+    return 1.0 if config.lr_schedule == "constant" else (config.steps - step + 1) / config.steps
+
+
 def evaluate(configs: list[CellConfig], inputs: CellInputs, policy: Policy | StackedPolicy) -> list[tuple[float, list]]:
     """Greedy pass@1 of every arm on the held-out set, with its per-problem rows."""
     config = configs[0]
@@ -325,6 +330,8 @@ def train(configs: list[CellConfig], inputs: CellInputs, policy: Policy | Stacke
     replay = make_replay(config)
     for step in bar:
         batch, seed = next(problems), config.seed * 1_000_003 + step
+        for group, arm in zip(optimizer.param_groups, configs):
+            group["lr"] = arm.learning_rate * lr_factor(step, config)
         if config.regime == SFT:
             rows = sft_step(policy, inputs.tokenizer, optimizer, batch, config.max_grad_norm)
         elif isinstance(policy, StackedPolicy):

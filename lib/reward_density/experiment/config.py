@@ -43,6 +43,7 @@ FULL = "full"  # full fine-tuning's rank, as profiles, notebooks and cell names 
 SFT = "sft"  # the positive control: supervised steps on a skill the base lacks, beside the three RL regimes
 REGIME_CHOICES = (*REGIMES, SFT)
 ENGINES = ("peft", "stacked")
+LR_SCHEDULES = ("constant", "linear")
 REPORTERS = ("none", "tensorboard")
 SECTIONS = ("matrix", "cell", "world", "data", "run")  # where a setting's value comes from
 
@@ -119,6 +120,8 @@ class CellConfig:
     advantage_eps: float = setting(1e-4, check=positive_number, doc="added to the group std (Eq. 3)")
     max_grad_norm: float = setting(1.0, check=positive_number, doc="gradient-norm clip")
     weight_decay: float = setting(0.0, check=non_negative_number, doc="AdamW weight decay")
+    lr_schedule: str = setting("constant", check=one_of(*LR_SCHEDULES),
+                               doc="constant (paper) | linear: decays to 0 over the steps (TRL's default)")
     lora_alpha: float = setting(32, check=positive_number, doc="LoRA alpha, whatever the rank")
     lora_dropout: float = setting(0.0, check=dropout_number, doc="LoRA dropout")
     sft_batch_size: int | None = setting(None, check=optional(positive_int),
