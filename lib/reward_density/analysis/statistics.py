@@ -100,7 +100,8 @@ def _mean_squares(diffs: np.ndarray) -> tuple[float, float, float]:
 
 
 def _satterthwaite(terms: list[tuple[float, float]]) -> float:
-    """Degrees of freedom of a sum of independent variance estimates, given as (value, its df) pairs."""
+    """Degrees of freedom of a sum of independent variance estimates, given as (value, its df) pairs (a mean
+    square the sum subtracts enters with a negative value)."""
     return sum(v for v, _ in terms) ** 2 / sum(v ** 2 / df for v, df in terms)
 
 
