@@ -91,6 +91,18 @@ print(equivalence.markdown)
 print(tables.power_markdown(equivalence.frame))
 
 # %% [markdown]
+# ## LoRA − FullFT at a glance
+#
+# The equivalence table drawn: per regime, each rank's difference (circle), the interval TOST reads (thick)
+# and the confidence interval (thin), against the ±margin band; green equivalent, red different, grey
+# inconclusive. Each panel has its own scale, symmetric about 0.
+
+# %%
+figures = report_dir / "figures"
+plots.plot_equivalence(equivalence.frame, equivalence_margin, figures / "equivalence.png");
+display(Image(figures / "equivalence.png"))
+
+# %% [markdown]
 # ## Plateau and collapse
 #
 # Did each arm stop learning before its last step (at most 10% of its gain in the last quarter)? And, per
@@ -110,7 +122,6 @@ print(dynamics.collapse_table(cells).markdown)
 # at higher ranks for denser rewards (outcome < process < distillation).
 
 # %%
-figures = report_dir / "figures"
 plots.plot_pass1_vs_rank(cells, figures / "pass1_vs_rank.png");
 display(Image(figures / "pass1_vs_rank.png"))
 

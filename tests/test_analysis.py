@@ -4,9 +4,10 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.colors import to_hex
 
 from reward_density.analysis.load import arms, load_cells, regimes
-from reward_density.analysis.plots import FIGURES
+from reward_density.analysis.plots import FIGURES, VERDICT_COLORS, plot_equivalence
 from reward_density.analysis.report import write_report
 from reward_density.analysis.tables import accuracy_table, equivalence_table, gain_table
 
@@ -136,7 +137,7 @@ def test_report_and_every_figure_are_written_deterministically(outputs, tmp_path
     out = tmp_path / "analysis"
     report = write_report(cells, out, margin=0.05, confidence=0.95, profile_name="smoke")
     names = ["accuracy.csv", "accuracy.md", "equivalence.csv", "gain.csv", "plateau.csv", "collapse.csv", "kl.csv", "report.md"]
-    names += [f"figures/{f}.png" for f in FIGURES]
+    names += [f"figures/{f}.png" for f in ("equivalence", *FIGURES)]
     first = {n: (out / n).read_bytes() for n in names}
     assert report == out / "report.md" and all(first.values())
     text = report.read_text()
@@ -145,6 +146,24 @@ def test_report_and_every_figure_are_written_deterministically(outputs, tmp_path
     assert "## Power" in text and "min. detectable difference" in text and "## Plateau" in text
     write_report(cells, out, margin=0.05, confidence=0.95, profile_name="smoke")
     assert {n: (out / n).read_bytes() for n in names} == first
+
+
+def test_equivalence_figure_draws_each_verdict_in_its_colour_and_leaves_skipped_arms_out(tmp_path):
+    row = {"estimate": 0.0, "ci_low": -0.02, "ci_high": 0.02, "tost_low": -0.01, "tost_high": 0.01}
+    frame = pd.DataFrame([
+        {"regime": "outcome", "arm": "r1", "verdict": "equivalent", **row},
+        {"regime": "outcome", "arm": "r2", "verdict": "different", **row, "estimate": -0.3, "ci_low": -0.4},
+        {"regime": "outcome", "arm": "r4", "verdict": "skipped"},
+        {"regime": "process", "arm": "r1", "verdict": "inconclusive", **row},
+        {"regime": "sft", "arm": "r1", "verdict": "skipped"},
+    ])
+    fig = plot_equivalence(frame, 0.05, tmp_path / "equivalence.png")
+    assert (tmp_path / "equivalence.png").is_file()
+    outcome, process = fig.axes  # sft has no tested arm: no panel
+    assert [t.get_text() for t in outcome.get_yticklabels()] == ["r1 (equivalent)", "r2 (different)"]
+    drawn = {to_hex(line.get_color()) for line in outcome.lines + process.lines if line.get_linewidth() == 4}
+    assert drawn == {to_hex(VERDICT_COLORS[v]) for v in ("equivalent", "different", "inconclusive")}
+    assert outcome.get_xlim()[0] <= -0.4 * 1.1 + 1e-9 and process.get_xlim() == pytest.approx((-0.075, 0.075))
 
 
 def test_one_seed_without_fullft_still_reports(tmp_path):

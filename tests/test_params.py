@@ -5,6 +5,7 @@ import copy
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -55,7 +56,8 @@ def error_of(tmp_path: Path, data) -> str:
 
 
 @pytest.mark.parametrize("name, cells", [("mini", 96), ("mini_sweep", 192), ("mini_klfree", 72),
-                                         ("mini_outcome_seeds", 72), ("smoke", 12), ("paper", 54)])
+                                         ("mini_outcome_seeds", 72), ("mini_outcome_powered", 204),
+                                         ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
     profile = load_profile(find_profile(name))
     assert profile.name == name
@@ -63,15 +65,29 @@ def test_shipped_profiles_load(name, cells):
     assert len(names) == len(set(names)) == cells
 
 
-def test_the_outcome_replication_differs_from_mini_only_in_its_fresh_seeds():
-    mini, replication = (load_profile(find_profile(name)) for name in ("mini", "mini_outcome_seeds"))
+def test_the_outcome_replications_differ_from_mini_only_in_their_fresh_seeds():
+    earlier = set(load_profile(find_profile("mini")).matrix.seeds)
+    for name in ("mini_outcome_seeds", "mini_outcome_powered"):  # in the order they ran
+        seeds = set(load_profile(find_profile(name)).matrix.seeds)
+        assert not seeds & earlier, f"{name} reuses seeds an earlier study ran: {sorted(seeds & earlier)}"
+        earlier |= seeds
+        _assert_outcome_replication_of_mini(name)
+
+
+def _assert_outcome_replication_of_mini(name: str) -> None:
+    mini, replication = (load_profile(find_profile(n)) for n in ("mini", name))
     assert replication.matrix.regimes == ("outcome",)
-    assert not set(replication.matrix.seeds) & set(mini.matrix.seeds), "a replication needs seeds the study never ran"
     assert (replication.matrix.ranks, replication.matrix.full_ft) == (mini.matrix.ranks, mini.matrix.full_ft)
     assert replication.matrix.learning_rate["outcome"] == mini.matrix.learning_rate["outcome"]
     differing = {k for k in mini.cell if mini.cell[k] != replication.cell[k]} - {"sft_batch_size"}  # the control's
-    assert not differing, f"cell settings differ from mini's: {sorted(differing)}"
-    assert (replication.world, replication.analysis) == (mini.world, mini.analysis)
+    assert not differing, f"{name}'s cell settings differ from mini's: {sorted(differing)}"
+    assert (replication.world, replication.analysis) == (mini.world, mini.analysis), f"{name}: another world or test"
+
+
+def test_the_powered_replication_has_the_seeds_the_first_one_projected():
+    projected = pd.read_csv(REPO_ROOT / "outputs" / "mini_outcome_seeds" / "equivalence.csv")["seeds_needed"]
+    seeds = len(load_profile(find_profile("mini_outcome_powered")).matrix.seeds)
+    assert seeds == projected.max(), f"{seeds} seeds, but the 12-seed replication projects {projected.max()}"
 
 
 def test_mini_order_and_names():

@@ -197,6 +197,36 @@ FIGURES: dict[str, Callable[[Cells, str | Path], Figure]] = {
 }
 
 
+VERDICT_COLORS = {"equivalent": "tab:green", "different": "tab:red", "inconclusive": "tab:gray"}
+
+
+def plot_equivalence(frame: pd.DataFrame, margin: float, path: str | Path) -> Figure:
+    """Per regime, each LoRA arm's LoRA − FullFT with its TOST interval (thick) and its confidence interval
+    (thin) against the ±margin band, coloured by verdict (an equivalence_table frame; skipped rows left out)."""
+    tested = frame[frame["verdict"] != "skipped"]
+    regimes_ = list(dict.fromkeys(tested["regime"])) or ["no comparison"]
+    fig, axes = _panels(len(regimes_))
+    for ax, regime in zip(axes, regimes_):
+        rows = tested[tested["regime"] == regime].reset_index(drop=True)
+        if rows.empty:
+            _empty(ax, "no LoRA arm paired with FullFT")
+            continue
+        ax.axvspan(-margin, margin, color="tab:green", alpha=0.1, label=f"±{margin:g} margin")
+        ax.axvline(0, color="k", linewidth=0.8)
+        for y, row in rows.iterrows():
+            color = VERDICT_COLORS.get(row["verdict"], "k")
+            ax.plot([row["ci_low"], row["ci_high"]], [y, y], color=color, linewidth=1)
+            ax.plot([row["tost_low"], row["tost_high"]], [y, y], color=color, linewidth=4, solid_capstyle="butt")
+            ax.plot(row["estimate"], y, "o", color="white", markeredgecolor=color)
+        ax.set_yticks(range(len(rows)), [f"{a} ({v})" for a, v in zip(rows["arm"], rows["verdict"])])
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        reach = max(1.5 * margin, rows[["ci_low", "ci_high"]].abs().max().max() * 1.1)
+        ax.set_xlim(-reach, reach)  # symmetric about 0, the margin always in view
+        ax.set(title=regime, xlabel="LoRA − FullFT, greedy pass@1")
+        ax.legend(fontsize=7, loc="lower right")
+    return _save(fig, path)
+
+
 def plot_kl_ablation(with_kl: Cells, without_kl: Cells, regime: str, ablated: list[str], path: str | Path) -> Figure:
     """The seed paper's Figure 3 in miniature: KL to the reference over steps for each ablated arm with and without
     the penalty (mean over seeds), and each cell's final pass@1 against its end-of-training KL."""

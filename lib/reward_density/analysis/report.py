@@ -7,7 +7,7 @@ from ..experiment.config import parse_cell_name
 from .dynamics import collapse_table, plateau_table
 from .kl import END_FRACTION, ESTIMATOR, kl_table
 from .load import Cells, arm_name, arms, ranks
-from .plots import FIGURES
+from .plots import FIGURES, plot_equivalence
 from .tables import accuracy_table, equivalence_table, gain_table, power_markdown
 
 
@@ -52,6 +52,7 @@ def _ranks_sentence(cells: Cells) -> str:
     return sentence
 
 
+EQUIVALENCE_FIGURE = "equivalence"  # the verdicts at a glance, drawn from the equivalence table
 INTERVAL = ("two-way random-effects interval over seeds and problems (crossed): Student's t with Satterthwaite's "
             "degrees of freedom, which widens with few seeds (statistics.py)")
 
@@ -68,6 +69,7 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
                         ("collapse", collapse), ("kl", kl)):
         table.frame.to_csv(out / f"{name}.csv", index=False)
     (out / "accuracy.md").write_text(accuracy.markdown)
+    plot_equivalence(equivalence.frame, margin, out / "figures" / f"{EQUIVALENCE_FIGURE}.png")
     for name, plot in FIGURES.items():
         plot(cells, out / "figures" / f"{name}.png")
     counts = matrix_counts(cells)
@@ -130,7 +132,7 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
         kl.markdown,
         "## Figures",
         "",
-        *[f"![{name}](figures/{name}.png)" for name in FIGURES],
+        *[f"![{name}](figures/{name}.png)" for name in (EQUIVALENCE_FIGURE, *FIGURES)],
         "",
     ])
     report = out / "report.md"
