@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .kl import final_kl, kl_table  # noqa: E402
 from .load import Cells, arms, ranks, regimes  # noqa: E402
@@ -222,6 +223,7 @@ def plot_equivalence(frame: pd.DataFrame, margin: float, path: str | Path) -> Fi
         ax.set_ylim(len(rows) - 0.5, -0.5)
         reach = max(1.5 * margin, rows[["ci_low", "ci_high"]].abs().max().max() * 1.1)
         ax.set_xlim(-reach, reach)  # symmetric about 0, the margin always in view
+        ax.xaxis.set_major_locator(MaxNLocator(5, symmetric=True))  # few enough ticks for a narrow panel
         ax.set(title=regime, xlabel="LoRA − FullFT, greedy pass@1")
         ax.legend(fontsize=7, loc="lower right")
     return _save(fig, path)
