@@ -66,22 +66,21 @@ def test_shipped_profiles_load(name, cells):
 
 
 def test_the_outcome_replications_differ_from_mini_only_in_their_fresh_seeds():
-    earlier = set(load_profile(find_profile("mini")).matrix.seeds)
+    mini = load_profile(find_profile("mini"))
+    earlier = set(mini.matrix.seeds)
     for name in ("mini_outcome_seeds", "mini_outcome_powered"):  # in the order they ran
-        seeds = set(load_profile(find_profile(name)).matrix.seeds)
+        replication = load_profile(find_profile(name))
+        seeds = set(replication.matrix.seeds)
         assert not seeds & earlier, f"{name} reuses seeds an earlier study ran: {sorted(seeds & earlier)}"
         earlier |= seeds
-        _assert_outcome_replication_of_mini(name)
-
-
-def _assert_outcome_replication_of_mini(name: str) -> None:
-    mini, replication = (load_profile(find_profile(n)) for n in ("mini", name))
-    assert replication.matrix.regimes == ("outcome",)
-    assert (replication.matrix.ranks, replication.matrix.full_ft) == (mini.matrix.ranks, mini.matrix.full_ft)
-    assert replication.matrix.learning_rate["outcome"] == mini.matrix.learning_rate["outcome"]
-    differing = {k for k in mini.cell if mini.cell[k] != replication.cell[k]} - {"sft_batch_size"}  # the control's
-    assert not differing, f"{name}'s cell settings differ from mini's: {sorted(differing)}"
-    assert (replication.world, replication.analysis) == (mini.world, mini.analysis), f"{name}: another world or test"
+        assert replication.matrix.regimes == ("outcome",)
+        assert (replication.matrix.ranks, replication.matrix.full_ft) == (mini.matrix.ranks, mini.matrix.full_ft)
+        assert replication.matrix.learning_rate["outcome"] == mini.matrix.learning_rate["outcome"]
+        differing = {k for k in mini.cell if mini.cell[k] != replication.cell[k]}
+        differing -= {"sft_batch_size"}  # the SFT control's, which no replication trains
+        assert not differing, f"{name}'s cell settings differ from mini's: {sorted(differing)}"
+        assert replication.world == mini.world, f"{name} trains in another world"
+        assert replication.analysis == mini.analysis, f"{name} is analysed with another margin or level"
 
 
 def test_the_powered_replication_has_the_seeds_the_first_one_projected():
