@@ -35,6 +35,7 @@ precision = "fp32"  # fp32 | bf16
 answer_format = "boxed"  # boxed (math-verify on the \\boxed{} answer) | last_integer (the multiplication task)
 seed = 0
 profile = None  # a profile name or path: also evaluate the base greedily on its held-out sets, once per world
+root = None  # the project root the profile's world paths are relative to; None: the repository root
 
 # %%
 from pathlib import Path
@@ -101,7 +102,7 @@ display(Image(out / "capability.png"))
 
 # %%
 base_lines = []
-for config in base_configs(load_profile(find_profile(profile)), out) if profile is not None else []:
+for config in base_configs(load_profile(find_profile(profile)), out, Path(root or REPO_ROOT)) if profile else []:
     model = load_causal_lm(config.student, dtype=frozen_dtype(config.precision), device=config.device, what="student")
     _, heldout_set = load_problem_splits(config, checker)
     pass1, _ = base_evaluation(config, model, load_tokenizer(config.student), heldout_set, checker)

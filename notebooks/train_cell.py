@@ -59,6 +59,7 @@ replay_threshold: Optional[float] = None  # T-SPMO's replay: a completion with a
 answer_format: Optional[str] = None  # how an answer is read: boxed (math-verify on the \boxed{} answer) | last_integer (the completion's last integer: the multiplication task) ['boxed']
 eval_every: Optional[int] = None  # evaluate every this many steps (and at 0 and the end) [10]
 eval_problems: Optional[int] = None  # the first this many held-out problems (the SFT control: all its facts) [100]
+curve_problems: Optional[int] = None  # the first this many of them, scored at every evaluation: the learning curve (none: all) [None]
 eval_split: Optional[str] = None  # the mini world's split evaluated: heldout (the study) | dev (choosing settings) ['heldout']
 eval_max_new_tokens: Optional[int] = None  # completion cap while evaluating [1536]
 eval_batch_size: Optional[int] = None  # held-out problems per greedy batch [50]
@@ -131,8 +132,9 @@ for arm, c in enumerate(configs):
 # when every token carries a deposit, return-to-go otherwise), and takes one step of the clipped GRPO loss
 # with the KL penalty to the reference; the SFT control takes a supervised step on P x G solutions instead.
 # Arms trained together (engine `stacked`) share every batched pass but nothing else: each has its own
-# weights, rewards, loss, gradient clip and learning rate. Greedy pass@1 on the held-out set is measured
-# before training, every `eval_every` steps and at the end.
+# weights, rewards, loss, gradient clip and learning rate. Greedy pass@1 is measured on every held-out problem
+# before training and at the end, and on the first `curve_problems` of them every `eval_every` steps between:
+# the learning curve (`pass1` in evals.csv) is read on those at every evaluation, so its points compare.
 
 # %%
 cell.train(configs, inputs, policy, writers, base)

@@ -48,3 +48,47 @@ def test_sampled_pass_at_k_reports_each_k_from_n_draws(tiny_tokenizer, checker):
                                      n_samples=4, ks=[1, 4], seed=0)
     assert len(rows) == 8 and set(scores) == {1, 4}
     assert 0 <= scores[1] <= scores[4] <= 1
+
+
+def _train_smoke_arm(out_dir, checker, curve_problems):
+    """One smoke outcome arm (two steps, evaluated at 0, 1 and 2) trained in this process; its writer."""
+    from reward_density.experiment import cell
+    from reward_density.experiment.profiles import REPO_ROOT, cell_config, load_profile
+
+    profile = load_profile(REPO_ROOT / "params" / "smoke.yaml")
+    config = cell_config(profile, "outcome", 1, 0, out_dir=out_dir, curve_problems=curve_problems, report_to="none")
+    inputs = cell.load_inputs(config, checker)
+    writer = cell.CellWriter(config)
+    cell.train([config], inputs, cell.make_policy([config], inputs.student), [writer], progress=False)
+    return writer
+
+
+@pytest.fixture(scope="module")
+def smoke_arms(smoke_project, tmp_path_factory, checker):
+    """The same smoke arm evaluated on all 8 held-out problems at every evaluation, and on 3 in between."""
+    root = tmp_path_factory.mktemp("curve")
+    return _train_smoke_arm(root / "all", checker, None), _train_smoke_arm(root / "curve", checker, 3)
+
+
+def test_the_evaluations_between_first_and_last_score_only_the_curve_problems(smoke_arms):
+    _, curve = smoke_arms
+    assert [e["scored"] for e in curve.evals] == [8, 3, 8]
+    for evaluation in curve.evals:
+        rows = [r for r in curve.answers if r["step"] == evaluation["step"]]
+        assert evaluation["pass1"] == sum(r["correct"] for r in rows[:3]) / 3, "pass1 is not over the curve problems"
+        assert evaluation["pass1_scored"] == sum(r["correct"] for r in rows) / len(rows)
+
+
+def test_scoring_fewer_problems_in_between_changes_neither_training_nor_the_first_and_last_answers(smoke_arms):
+    every, curve = smoke_arms
+    def numbers(history):  # every metric but the wall-clock timings
+        return [{k: v for k, v in row.items() if "seconds" not in k} for row in history]
+
+    assert numbers(every.history) == numbers(curve.history), "the curve subset changed the training steps"
+    for step in (0, 2):
+        assert ([r for r in every.answers if r["step"] == step] == [r for r in curve.answers if r["step"] == step]), \
+            f"the step-{step} answers differ"
+    middle = [r for r in every.answers if r["step"] == 1][:3]
+    assert middle == [r for r in curve.answers if r["step"] == 1], "the curve problems were scored differently"
+    assert [e["scored"] for e in every.evals] == [8, 8, 8]
+    assert [e["pass1_scored"] for e in every.evals] == [e["pass1"] for e in every.evals]

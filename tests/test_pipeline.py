@@ -1,4 +1,5 @@
 """The smoke study end to end through the runner: real notebooks, a real (tiny) world, kill and resume."""
+import json
 import os
 import signal
 import subprocess
@@ -35,6 +36,13 @@ def test_the_capability_baseline_compares_student_and_teacher(root):
     assert list(table["model"]) == ["student", "teacher"]
     assert {"pass@1", "pass@4", "pass@8", "exploration_gap", "mean_length"} <= set(table.columns)
     assert (root / "outputs/smoke/baseline/capability.png").is_file()
+
+
+def test_the_baseline_evaluates_the_base_of_the_projects_own_world(root):
+    saved = [json.loads(path.read_text()) for path in (root / "outputs/smoke/baseline").glob("base-*.json")]
+    assert saved, "the baseline stage saved no base evaluation"
+    for evaluation in saved:
+        assert Path(evaluation["student"]).is_relative_to(root), f"evaluated {evaluation['student']}, not {root}'s"
 
 
 def test_a_killed_run_resumes_without_rerunning_finished_cells(root):

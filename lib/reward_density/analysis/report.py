@@ -84,7 +84,8 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
         "## Greedy pass@1 (mean ± sd over seeds)",
         "",
         "Columns are arms; `base` is the model before training (step-0 evaluation). "
-        "Process is shown at its peak over evaluations after step 0 and at the end of training. "
+        "Process is shown at its peak over evaluations after step 0 (on the problems every evaluation scores, "
+        "`curve_problems`) and at the end of training. "
         "`sft` is the positive control: supervised steps on a skill the base lacks, evaluated on that skill.",
         "",
         accuracy.markdown,
@@ -113,7 +114,8 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
         "## Plateau",
         "",
         "Whether each arm stopped learning before its last step: the share of its total gain (mean over seeds) made "
-        "in the last 25% of its steps.",
+        "in the last 25% of its steps, read on the held-out problems every evaluation scores (`curve_problems`): "
+        "its base and final can differ from the tables above, which score them all.",
         "",
         plateau.markdown,
         "## Collapse",

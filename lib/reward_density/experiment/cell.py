@@ -150,16 +150,23 @@ class CellWriter:
         _write_csv(self.folder / cell_folder.HISTORY, self.history)
         self._show("train", row["step"], row)
 
-    def add_eval(self, step: int, pass1: float, rows: list[dict], prompts: dict[str, str] | None = None) -> None:
+    def add_eval(self, step: int, rows: list[dict], prompts: dict[str, str] | None = None) -> None:
         """One evaluation: its means, its per-problem rows, and the first logged_completions completions
-        (with their prompts, where given; a base evaluation computed elsewhere may carry no text)."""
-        n = max(len(rows), 1)
+        (with their prompts, where given; a base evaluation computed elsewhere may carry no text).
+
+        rows: in held-out order. The means are over the curve problems (the first curve_problems rows), which
+        every evaluation scores, so a cell's evaluations compare; pass1_scored is over every row.
+        """
+        curve = rows[: self.config.curve_problems]
+        n = max(len(curve), 1)
         self.evals.append({
             "step": step,
-            "pass1": pass1,
-            "len_mean": sum(r["length"] for r in rows) / n,
-            "frac_truncated": sum(r["truncated"] for r in rows) / n,
-            "frac_answered": sum(r["answered"] for r in rows) / n,
+            "pass1": sum(r["correct"] for r in curve) / n,
+            "len_mean": sum(r["length"] for r in curve) / n,
+            "frac_truncated": sum(r["truncated"] for r in curve) / n,
+            "frac_answered": sum(r["answered"] for r in curve) / n,
+            "scored": len(rows),
+            "pass1_scored": sum(r["correct"] for r in rows) / max(len(rows), 1),
         })
         self.answers += [{"step": step, **{k: v for k, v in r.items() if k != "completion"}} for r in rows]
         _write_csv(self.folder / cell_folder.EVALS, self.evals)
@@ -216,7 +223,8 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def summarise(config: CellConfig, history: list[dict], evals: list[dict], wall_seconds: float) -> dict[str, Any]:
-    """The cell's headline numbers (the analysis reads these)."""
+    """The cell's headline numbers (the analysis reads these): base and final over every held-out problem,
+    the peak over the curve problems."""
     base = next(e for e in evals if e["step"] == 0)
     peak = max(evals, key=lambda e: (e["pass1"], -e["step"]))
     final = max(evals, key=lambda e: e["step"])
@@ -227,8 +235,8 @@ def summarise(config: CellConfig, history: list[dict], evals: list[dict], wall_s
         "seed": config.seed,
         "learning_rate": config.learning_rate,
         "steps": len(history),
-        "base_pass1": base["pass1"],
-        "final_pass1": final["pass1"],
+        "base_pass1": base["pass1_scored"],
+        "final_pass1": final["pass1_scored"],
         "peak_pass1": peak["pass1"],
         "peak_step": peak["step"],
         "peak_advantage_std": max((h.get("advantage_std", 0.0) for h in history), default=0.0),
@@ -291,21 +299,23 @@ def lr_factor(step: int, config: CellConfig) -> float:
     return 1.0 if config.lr_schedule == "constant" else (config.steps - step + 1) / config.steps
 
 
-def evaluate(configs: list[CellConfig], inputs: CellInputs, policy: Policy | StackedPolicy) -> list[tuple[float, list]]:
-    """Greedy pass@1 of every arm on the held-out set, with its per-problem rows."""
+def evaluate(configs: list[CellConfig], problems: list[Problem], inputs: CellInputs,
+             policy: Policy | StackedPolicy) -> list[tuple[float, list]]:
+    """Greedy pass@1 of every arm on these held-out problems, with its per-problem rows."""
     config = configs[0]
     if isinstance(policy, StackedPolicy):
         with torch.no_grad():
-            return greedy_eval_arms(policy.weights(), inputs.tokenizer, inputs.heldout, inputs.checker,
+            return greedy_eval_arms(policy.weights(), inputs.tokenizer, problems, inputs.checker,
                                     config.eval_max_new_tokens, batch_size=config.eval_batch_size)
     with autocast(config.device, config.precision), policy.sampling() as model:
-        return [greedy_eval(model, inputs.tokenizer, inputs.heldout, inputs.checker, config.eval_max_new_tokens,
+        return [greedy_eval(model, inputs.tokenizer, problems, inputs.checker, config.eval_max_new_tokens,
                             batch_size=config.eval_batch_size)]
 
 
 def train(configs: list[CellConfig], inputs: CellInputs, policy: Policy | StackedPolicy, writers: list[CellWriter],
           base: tuple[float, list[dict]] | None = None, progress: bool = True) -> None:
-    """config.steps steps of every arm, with greedy held-out evaluations at step 0, every eval_every and the end.
+    """config.steps steps of every arm, with greedy held-out evaluations at step 0, every eval_every and the end:
+    of every held-out problem at step 0 and the end, of the first curve_problems in between.
 
     base: the base model's evaluation (every arm starts as the base), computed here when not given.
     """
@@ -316,10 +326,14 @@ def train(configs: list[CellConfig], inputs: CellInputs, policy: Policy | Stacke
     prompts = {p.problem_id: p.prompt for p in inputs.heldout[: config.logged_completions]}
 
     def evaluations(step: int) -> list[float]:
-        results = [base] * len(configs) if step == 0 and base is not None else evaluate(configs, inputs, policy)
-        for writer, (pass1, rows) in zip(writers, results):
-            writer.add_eval(step, pass1, rows, prompts)
-        return [pass1 for pass1, _ in results]
+        problems = inputs.heldout if step in (0, config.steps) else inputs.heldout[: config.curve_problems]
+        if step == 0 and base is not None:
+            results = [base] * len(configs)
+        else:
+            results = evaluate(configs, problems, inputs, policy)
+        for writer, (_, rows) in zip(writers, results):
+            writer.add_eval(step, rows, prompts)
+        return [writer.evals[-1]["pass1"] for writer in writers]
 
     pass1 = evaluations(0)
     desc = config.name if len(configs) == 1 else f"{config.regime}-s{config.seed} ({len(configs)} arms)"

@@ -152,6 +152,9 @@ class CellConfig:
                                      "(the completion's last integer: the multiplication task)")
     eval_every: int = setting(10, check=positive_int, doc="evaluate every this many steps (and at 0 and the end)")
     eval_problems: int = setting(100, check=positive_int, doc="the first this many held-out problems (the SFT control: all its facts)")
+    curve_problems: int | None = setting(None, check=optional(positive_int),
+                                         doc="the first this many of them, scored at every evaluation: the learning "
+                                             "curve (none: all)")
     eval_split: str = setting("heldout", check=one_of("heldout", "dev"),
                               doc="the mini world's split evaluated: heldout (the study) | dev (choosing settings)")
     eval_max_new_tokens: int = setting(1536, check=positive_int, doc="completion cap while evaluating")

@@ -68,7 +68,7 @@ def stage_baseline(profile: Profile, root: Path) -> None:
         print(f"baseline: {out} measured this world already; skipped", file=sys.stderr)
         return
     parameters = {**{k: v for k, v in world.items() if k != "control"}, **settings, **profile.data, "out_dir": str(out),
-                  "profile": str(profile.path), "batch_size": BASELINE_BATCH,
+                  "profile": str(profile.path), "root": str(root), "batch_size": BASELINE_BATCH,
                   "answer_format": profile.cell["answer_format"]}  # in the key through the base evaluations
     print(f"baseline: notebooks/capability_baseline.py -> {out}", file=sys.stderr)
     run_stage(root / "notebooks" / "capability_baseline.py", out / "capability_baseline.ipynb", parameters, root)
