@@ -198,3 +198,20 @@ def test_partial_matrices_still_report(tmp_path, setup):
     report = write_report(load_cells(tmp_path), tmp_path / "analysis", margin=0.05, profile_name="partial")
     assert report.is_file()
     assert all((tmp_path / "analysis" / "figures" / f"{f}.png").is_file() for f in FIGURES)
+
+
+def test_the_report_shows_the_benchmark_ratio_when_one_was_run_and_says_how_when_not(outputs, tmp_path):
+    cells, out = load_cells(outputs), tmp_path / "analysis"
+    text = write_report(cells, out, margin=0.05, profile_name="smoke").read_text()
+    assert "## Speed against TRL" in text and "Not measured for this study" in text and "--stages benchmark" in text
+    bench = {"config": {"prompts": 4, "generations": 4, "max_new_tokens": 64, "hidden": 128, "layers": 3, "beta": 0.05,
+                        "steps": 8, "warmup": 2},
+             "environment": {"cpu": "Some CPU (AVX2)", "torch_threads": 1, "torch": "2.13.0", "transformers": "5",
+                             "trl": "1", "commit": "0123456789abcdef"},
+             "samples_per_cpu_second": {"ours (stacked)": 60.31, "TRL GRPOTrainer (one arm at a time)": 36.21},
+             "ours_over_trl": 1.6656}
+    (out / "benchmark.json").write_text(json.dumps(bench))
+    text = write_report(cells, out, margin=0.05, profile_name="smoke").read_text()
+    assert "Not measured" not in text, "a benchmark file in the folder must be reported"
+    assert "| ours (stacked) | 60.3 |" in text and "| TRL GRPOTrainer (one arm at a time) | 36.2 |" in text
+    assert "**1.67x**" in text and "Some CPU (AVX2)" in text and "commit 0123456789ab" in text

@@ -288,3 +288,20 @@ def test_papers_runs_every_comparison_after_the_studies_it_reads():
     comparing = {path.stem for path in (REPO_ROOT / "params").glob("*.yaml")
                  if {"compare_with", "methods"} & set(load_profile(path).analysis)}
     assert comparing <= set(papers), f"profiles with a comparison left out of `papers`: {comparing - set(papers)}"
+
+
+def test_the_benchmark_stage_is_opt_in_and_writes_where_the_analysis_reads(root):
+    from reward_density.analysis.speed import speed_markdown
+    from reward_density.run.cli import _parser
+    from reward_density.run.stages import stage_benchmark
+
+    stages = _parser().parse_args(["--profile", "tiny"]).stages
+    assert "benchmark" not in stages, "the study's default runs no benchmark"
+    named = _parser().parse_args(["--profile", "tiny", "--stages", "analysis,benchmark"]).stages
+    assert named == ["benchmark", "analysis"], "the benchmark runs before the analysis that reports it"
+    stage_benchmark(profile_of(root), root, ("--steps", "1", "--warmup", "0", "--max-new-tokens", "4", "--hidden", "16",
+                                             "--layers", "1", "--ranks", "1,full"))
+    outputs = root / "outputs" / "tiny"
+    written = read_json(outputs / "benchmark.json")
+    assert written["config"]["hidden"] == 16 and written["environment"]["commit"], "config and commit are recorded"
+    assert f"**{written['ours_over_trl']:.2f}x**" in speed_markdown(outputs)

@@ -8,6 +8,7 @@ from .dynamics import collapse_table, plateau_table
 from .kl import END_FRACTION, ESTIMATOR, kl_table
 from .load import Cells, arm_name, arms, ranks
 from .plots import FIGURES, plot_equivalence
+from .speed import speed_markdown
 from .tables import accuracy_table, equivalence_table, gain_table, power_markdown
 
 
@@ -132,6 +133,9 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
         "The KL-free seed paper's claim: KL grows with the rank, by an order of magnitude from small to large ranks.",
         "",
         kl.markdown,
+        "## Speed against TRL",
+        "",
+        speed_markdown(out),
         "## Figures",
         "",
         *[f"![{name}](figures/{name}.png)" for name in (EQUIVALENCE_FIGURE, *FIGURES)],

@@ -1,7 +1,7 @@
 """The study's command line: world building, every training cell of a profile, then the analysis.
 
     python -m reward_density.run --profile mini [--cells 'outcome-*,*-rfull-*'] [--jobs 2 | --gpus 0,1]
-        [--executor slurm|local] [--root DIR] [--stages world,baseline,cells,analysis]
+        [--executor slurm|local] [--root DIR] [--stages world,baseline,cells,benchmark,analysis]
 
 Cells write into `<root>/outputs/<profile>/cells/<cell name>/`; finished cells are skipped, leftovers of
 killed or failed runs are cleared and rerun (run/matrix.py). With --gpus, each cell process sees only its
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,7 +21,16 @@ from .matrix import select_cells
 from .notebooks import NotebookFailed
 from .reachability import WorldUnreachable, check_world
 from .slurm import profile_executor
-from .stages import STAGES, stage_analysis, stage_baseline, stage_cells, stage_kl_bound, stage_world
+from .stages import (
+    DEFAULT_STAGES,
+    STAGES,
+    stage_analysis,
+    stage_baseline,
+    stage_benchmark,
+    stage_cells,
+    stage_kl_bound,
+    stage_world,
+)
 
 
 def _parse_stages(text: str) -> list[str]:
@@ -45,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="submit the cells as a submitit job array (Slurm, or local subprocesses) with the "
                              "profile's `cluster` settings, instead of running them here")
     parser.add_argument("--root", type=Path, default=REPO_ROOT, help=f"project root (default {REPO_ROOT})")
-    parser.add_argument("--stages", type=_parse_stages, default=list(STAGES), help="default: " + ",".join(STAGES))
+    parser.add_argument("--stages", type=_parse_stages, default=list(DEFAULT_STAGES),
+                        help=f"any of {','.join(STAGES)} (default: {','.join(DEFAULT_STAGES)})")
     return parser
 
 
@@ -90,6 +101,8 @@ def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: s
             stage_baseline(profile, root)
         if "cells" in stages:
             ok = stage_cells(profile, root, cells_filter, jobs, slots, executor).ok
+        if "benchmark" in stages:
+            stage_benchmark(profile, root)
         if "analysis" in stages:
             stage_analysis(profile, root)
         if "kl_bound" in stages:
@@ -97,7 +110,7 @@ def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: s
     except WorldUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, NotebookFailed) as exc:
+    except (FileNotFoundError, NotebookFailed, subprocess.CalledProcessError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0 if ok else 1

@@ -1,5 +1,5 @@
-"""The stages of a study, in order: world building, capability baseline, the cells, the analysis, and the
-KL bound of the KL-free seed paper on Optdigits.
+"""The stages of a study, in order: world building, capability baseline, the cells, the speed benchmark
+against TRL (only when asked for), the analysis, and the KL bound of the KL-free seed paper on Optdigits.
 
 World building, baseline, analysis and the KL bound are notebooks run once per profile in this process; the
 cells go to an executor (local.py or slurm.py).
@@ -7,12 +7,14 @@ cells go to an executor (local.py or slurm.py).
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import submitit
 
+from ..analysis.speed import BENCHMARK_FILE
 from ..experiment import kl_bound
 from ..experiment.baseline import base_configs, base_eval_key
 from ..experiment.profiles import COMPARISONS, Profile, resolve_world_entry
@@ -22,7 +24,8 @@ from .matrix import RunReport, base_answers_dir
 from .notebooks import execute_notebook, existing_notebook
 from .slurm import submit_matrix
 
-STAGES = ("world", "baseline", "cells", "analysis", "kl_bound")
+STAGES = ("world", "baseline", "cells", "benchmark", "analysis", "kl_bound")
+DEFAULT_STAGES = tuple(stage for stage in STAGES if stage != "benchmark")  # its minute and a half is not the study's
 KEY_FILE = "key.json"  # what a stage folder measured (world fingerprints, settings, code): rerun when it differs
 BASELINE_BATCH = 64  # problems per sampling batch of the capability baseline (each with max(ks) samples)
 
@@ -93,6 +96,15 @@ def stage_cells(
         print(f"  FAILED {failure.name}: {failure.error}\n    notebook: {failure.notebook}\n    log: {failure.log}",
               file=sys.stderr)
     return report
+
+
+def stage_benchmark(profile: Profile, root: Path, options: tuple[str, ...] = ()) -> None:
+    """Our GRPO step against TRL's GRPOTrainer (tools/benchmark.py, the mini study's shape unless options say
+    otherwise) in a process of its own, into the study's outputs folder, where the analysis reports it."""
+    out = root / "outputs" / profile.name / BENCHMARK_FILE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"benchmark: python -m reward_density.tools.benchmark -> {out}", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "reward_density.tools.benchmark", *options, "--out", str(out)], check=True)
 
 
 def stage_analysis(profile: Profile, root: Path) -> None:

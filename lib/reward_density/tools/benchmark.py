@@ -37,7 +37,7 @@ from transformers import PrinterCallback, TrainerCallback
 
 from ..data.problems import Problem
 from ..data.sources import load_causal_lm, load_tokenizer
-from ..experiment.provenance import cpu_model
+from ..experiment.provenance import cpu_model, git_state
 from ..grpo.deposits import Deposits
 from ..grpo.loss import LossConfig
 from ..grpo.policy import Policy, PolicyConfig
@@ -254,7 +254,7 @@ def _run(config: BenchConfig, workdir: Path) -> dict:
 
 
 def environment() -> dict[str, str | int]:
-    """Library versions, CPU and threads the numbers were taken with."""
+    """Library versions, CPU, threads and git commit the numbers were taken with."""
     return {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -263,6 +263,7 @@ def environment() -> dict[str, str | int]:
         "cpu": cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count() or 0,
+        "commit": git_state(Path(__file__).parent)["commit"],
     }
 
 

@@ -1,0 +1,32 @@
+"""The report's speed section: our GRPO step against TRL's GRPOTrainer, from the benchmark's JSON if one was run."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+BENCHMARK_FILE = "benchmark.json"  # written into a study's outputs folder by `--stages benchmark`
+
+
+def speed_markdown(out_dir: str | Path) -> str:
+    """The benchmark's samples per CPU-second and ratio as markdown, or how to measure them when not measured."""
+    path = Path(out_dir) / BENCHMARK_FILE
+    if not path.is_file():
+        return (f"Not measured for this study: `./run_all.sh --stages benchmark,analysis` writes `{BENCHMARK_FILE}` "
+                "here (`python -m reward_density.tools.benchmark`), and the analysis reports it.\n")
+    bench = json.loads(path.read_text())
+    env, config = bench["environment"], bench["config"]
+    rows = "\n".join(f"| {name} | {value:.1f} |" for name, value in bench["samples_per_cpu_second"].items())
+    return "\n".join([
+        f"One GRPO step of the mini study's shape (P={config['prompts']} x G={config['generations']}, "
+        f"{config['max_new_tokens']} new tokens, hidden {config['hidden']} x {config['layers']} layers, beta "
+        f"{config['beta']:g}) for every arm, median of {config['steps']} steps after {config['warmup']} warm-up, "
+        f"{env['torch_threads']} thread(s) on {env['cpu']} (torch {env['torch']}, transformers "
+        f"{env['transformers']}, trl {env['trl']}; commit {str(env.get('commit'))[:12]}).",
+        "",
+        "| implementation | samples / CPU-s |",
+        "|---|---|",
+        rows,
+        "",
+        f"Ours (stacked) / TRL: **{bench['ours_over_trl']:.2f}x** in samples per CPU-second.",
+        "",
+    ])
