@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from reward_density.analysis.speed import speed_markdown
 from reward_density.experiment.profiles import REPO_ROOT, load_profile
-from reward_density.run.cli import main
+from reward_density.run.cli import _parser, main
 from reward_density.run.local import gpu_slots, run_matrix
 from reward_density.run.matrix import cpu_count, select_cells
 from reward_density.run.notebooks import NotebookFailed
-from reward_density.run.stages import run_stage
+from reward_density.run.stages import run_stage, stage_benchmark
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TRAIN = Path("notebooks/train_cell.py")
@@ -291,10 +292,6 @@ def test_papers_runs_every_comparison_after_the_studies_it_reads():
 
 
 def test_the_benchmark_stage_is_opt_in_and_writes_where_the_analysis_reads(root):
-    from reward_density.analysis.speed import speed_markdown
-    from reward_density.run.cli import _parser
-    from reward_density.run.stages import stage_benchmark
-
     stages = _parser().parse_args(["--profile", "tiny"]).stages
     assert "benchmark" not in stages, "the study's default runs no benchmark"
     named = _parser().parse_args(["--profile", "tiny", "--stages", "analysis,benchmark"]).stages

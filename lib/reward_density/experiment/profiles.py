@@ -127,9 +127,13 @@ class Profile:
             for seed in self.matrix.seeds
         ]
 
+    def outputs_dir(self, root: Path) -> Path:
+        """Where everything this profile's runs write lives under a project root."""
+        return Path(root) / "outputs" / self.name
+
     def cells_dir(self, root: Path) -> Path:
         """Where the cells of this profile live under a project root."""
-        return Path(root) / "outputs" / self.name / "cells"
+        return self.outputs_dir(root) / "cells"
 
 
 def cell_config(

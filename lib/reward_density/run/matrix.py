@@ -68,7 +68,7 @@ class Job:
         """Where the job's executed notebook and log go: the cell's folder, or the group's."""
         if len(self.cells) == 1:
             return profile.cells_dir(root) / self.cells[0].name
-        return Path(root) / "outputs" / profile.name / "groups" / self.name
+        return profile.outputs_dir(root) / "groups" / self.name
 
 
 def select_cells(profile: Profile, cells_filter: str | None) -> list[MatrixCell]:
@@ -124,7 +124,7 @@ def prepare(job: Job, profile: Profile, root: Path) -> Path:
 
 def base_answers_dir(profile: Profile, root: Path) -> Path:
     """Where the base model's evaluations of a profile are kept (computed once per world, reused by every cell)."""
-    return Path(root) / "outputs" / profile.name / "baseline"
+    return profile.outputs_dir(root) / "baseline"
 
 
 def job_spec(job: Job, profile: Profile, root: Path, notebook: Path) -> dict[str, Any]:

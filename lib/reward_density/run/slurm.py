@@ -61,7 +61,7 @@ _TRACE_RULE = "-" * 22  # submitit's FailedJobError: "...trace:\n<rule>\n<traceb
 
 def submitit_dir(profile: Profile, root: Path) -> Path:
     """Where submitit keeps its pickles and job logs for a profile."""
-    return Path(root) / "outputs" / profile.name / "submitit"
+    return profile.outputs_dir(root) / "submitit"
 
 
 def make_executor(kind: str, folder: Path, settings: dict[str, Any]) -> submitit.Executor:

@@ -39,7 +39,7 @@ def run_stage(notebook: Path, output: Path, parameters: dict[str, Any], root: Pa
 def analysis_parameters(profile: Profile, root: Path) -> dict[str, Any]:
     """The analysis notebook's parameters."""
     settings = {k: v for k, v in profile.analysis.items() if k not in COMPARISONS}
-    return {"profile": profile.name, "outputs_dir": str(root / "outputs" / profile.name), **settings}
+    return {"profile": profile.name, "outputs_dir": str(profile.outputs_dir(root)), **settings}
 
 
 def stage_world(profile: Profile, root: Path) -> None:
@@ -101,7 +101,7 @@ def stage_cells(
 def stage_benchmark(profile: Profile, root: Path, options: tuple[str, ...] = ()) -> None:
     """Our GRPO step against TRL's GRPOTrainer (tools/benchmark.py, the mini study's shape unless options say
     otherwise) in a process of its own, into the study's outputs folder, where the analysis reports it."""
-    out = root / "outputs" / profile.name / BENCHMARK_FILE
+    out = profile.outputs_dir(root) / BENCHMARK_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"benchmark: python -m reward_density.tools.benchmark -> {out}", file=sys.stderr)
     subprocess.run([sys.executable, "-m", "reward_density.tools.benchmark", *options, "--out", str(out)], check=True)
@@ -110,7 +110,7 @@ def stage_benchmark(profile: Profile, root: Path, options: tuple[str, ...] = ())
 def stage_analysis(profile: Profile, root: Path) -> None:
     """Run the analysis on whatever cells are finished (a learning-rate sweep's own analysis for a sweep), and
     the with/without-KL or the method comparison when the profile names the studies to compare with."""
-    outputs = root / "outputs" / profile.name
+    outputs = profile.outputs_dir(root)
     if profile.matrix.sweeps_rates:
         notebook, parameters, written = "sweep_analysis.py", {"profile": profile.name, "outputs_dir": str(outputs)}, "sweep.md"
     else:
