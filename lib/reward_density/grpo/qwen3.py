@@ -175,14 +175,15 @@ class KVCache:
 
 def forward(
     weights: Qwen3Weights, input_ids: torch.Tensor, key_mask: torch.Tensor, position_ids: torch.Tensor,
-    cache: KVCache | None = None, keep: slice | torch.Tensor = slice(None), segments: torch.Tensor | None = None,
+    cache: KVCache | None = None, keep: slice | torch.Tensor = slice(None), allowed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Logits of input_ids [A, B, L] at the kept positions: [A, B, len(keep), V] for a slice of each row's
     positions, or [A, K, V] for an index tensor [A, K] into each arm's B * L positions.
 
     key_mask [A, B, S]: which of all S key positions (cached and new) are real tokens; position_ids
-    [A, B, L]. With a cache, the new positions are appended to it; without, L = S. segments [A, B, L]:
-    several sequences packed in one row, each position attending only within its own segment.
+    [A, B, L]. With a cache, the new positions are appended to it; without, L = S. allowed [A, B, L, L]:
+    which positions of its row each position may attend to besides causality and the key mask (several
+    sequences packed in one row).
     """
     arms, batch, new = input_ids.shape
     start = cache.length if cache is not None else 0
@@ -190,9 +191,8 @@ def forward(
     x = embed(weights, input_ids)
     cos, sin = rotary(weights.shape, position_ids.reshape(rows, new), x.dtype)
     mask = _attention_mask(key_mask.reshape(rows, -1), start, new)
-    if segments is not None:
-        flat = segments.reshape(rows, new)
-        mask = mask & (flat[:, None, :, None] == flat[:, None, None, :])
+    if allowed is not None:
+        mask = mask & allowed.reshape(rows, 1, new, new)
     for index, layer in enumerate(weights.layers):
         h = rms_norm(x, layer["input_layernorm"], weights.shape.eps)
         x = x + _attention(weights.shape, layer, h, cos, sin, mask, cache, index)

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from peft.tuners.lora import LoraLayer
 
 from .logprobs import token_logprobs
+from .packing import pack
 from .policy import Policy, PolicyConfig
 from .qwen3 import LINEARS, NORMS, Qwen3Weights, forward, supports, weights_of
 from .rollout import Rollout
@@ -163,85 +163,16 @@ def _detached(weights: Qwen3Weights) -> Qwen3Weights:
                         weights.norm.detach().clone(), weights.lm_head.detach().clone(), weights.shape)
 
 
-PACK_LENGTH = 128  # tokens per packed sequence: short enough that attention over it stays cheap
-
-
 def completion_logprobs(weights: Qwen3Weights, rollout: Rollout, temperature: float) -> torch.Tensor:
     """Per-token log-probs of the completions under the stacked weights, [A * N, T], 0 on padding.
 
     The rows are arm-major (qwen3.py): with A arms, rows a*N..a*N+N-1 are arm a's; a one-arm weights
-    (the base) scores every row. Each row's real tokens (prompt and completion, no padding) are packed
-    with other rows' into sequences of about PACK_LENGTH tokens, attention kept within each row, so no
-    arithmetic is spent on padding; the log-probs are the same as the padded batch's.
+    (the base) scores every row. The forward runs over the rows' real tokens packed (packing.py).
     """
-    pack = _pack(rollout, weights.arms, PACK_LENGTH)
-    logits = forward(weights, pack.ids, pack.real, pack.positions, keep=pack.keep, segments=pack.segments)
+    packed = pack(rollout, weights)
+    logits = forward(weights, packed.ids, packed.real, packed.positions, keep=packed.keep, allowed=packed.allowed)
     logits = logits.float() / temperature
-    logps = token_logprobs(logits, pack.targets) * pack.target_real
+    logps = token_logprobs(logits, packed.targets) * packed.target_real
     out = torch.zeros(rollout.completion_ids.shape, dtype=logps.dtype)
-    out = out.index_put((pack.rows, pack.columns), logps[pack.target_real])
+    out = out.index_put((packed.rows, packed.columns), logps[packed.target_real])
     return out * rollout.completion_mask
-
-
-@dataclass
-class _Packed:
-    """A rollout's real tokens packed per arm: [A, bins, length] tensors and where each completion token went."""
-
-    ids: torch.Tensor
-    real: torch.Tensor
-    positions: torch.Tensor
-    segments: torch.Tensor
-    keep: torch.Tensor  # [A, K]: the flat position (bin * length + offset) whose logits predict each target
-    targets: torch.Tensor  # [A, K]: those completion tokens, arm by arm
-    target_real: torch.Tensor  # [A, K] bool
-    rows: torch.Tensor  # for each real target, its row and column in the [A * N, T] completion layout
-    columns: torch.Tensor
-
-
-def _pack(rollout: Rollout, arms: int, length: int) -> _Packed:
-    """Next-fit packing of each row's prompt and completion tokens into sequences of at most `length` tokens."""
-    per_arm = rollout.num_completions // arms
-    sequences: list[list[list[int]]] = [[] for _ in range(arms)]  # per arm, per bin: token ids
-    segment_of: list[list[list[int]]] = [[] for _ in range(arms)]
-    position_of: list[list[list[int]]] = [[] for _ in range(arms)]
-    predictors: list[list[int]] = [[] for _ in range(arms)]  # per arm: flat slot of each target's predictor
-    targets: list[list[int]] = [[] for _ in range(arms)]
-    rows, columns = [], []
-    width = max(length, rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1])
-    for row in range(rollout.num_completions):
-        arm = row // per_arm
-        prompt = rollout.prompt_ids[row][rollout.prompt_mask[row].bool()].tolist()
-        completion = rollout.completion_ids[row][rollout.completion_mask[row].bool()].tolist()
-        tokens = prompt + completion
-        bins = sequences[arm]
-        if not bins or len(bins[-1]) + len(tokens) > width:
-            bins.append([]), segment_of[arm].append([]), position_of[arm].append([])
-        offset = (len(bins) - 1) * width + len(bins[-1])
-        bins[-1] += tokens
-        segment_of[arm][-1] += [row] * len(tokens)
-        position_of[arm][-1] += list(range(len(tokens)))
-        predictors[arm] += [offset + len(prompt) - 1 + j for j in range(len(completion))]
-        targets[arm] += completion
-        rows += [row] * len(completion)
-        columns += list(range(len(completion)))
-    n_bins = max(len(b) for b in sequences)
-    ids = torch.zeros(arms, n_bins, width, dtype=torch.long)
-    segments = torch.full((arms, n_bins, width), -1, dtype=torch.long)
-    positions = torch.zeros(arms, n_bins, width, dtype=torch.long)
-    for arm in range(arms):
-        for b, (tokens, segs, pos) in enumerate(zip(sequences[arm], segment_of[arm], position_of[arm])):
-            ids[arm, b, : len(tokens)] = torch.tensor(tokens)
-            segments[arm, b, : len(segs)] = torch.tensor(segs)
-            positions[arm, b, : len(pos)] = torch.tensor(pos)
-    k = max(len(t) for t in targets)
-    target_ids = torch.zeros(arms, k, dtype=torch.long)
-    target_real = torch.zeros(arms, k, dtype=torch.bool)
-    keep = torch.zeros(arms, k, dtype=torch.long)
-    for arm in range(arms):
-        target_ids[arm, : len(targets[arm])] = torch.tensor(targets[arm], dtype=torch.long)
-        target_real[arm, : len(targets[arm])] = True
-        keep[arm, : len(predictors[arm])] = torch.tensor(predictors[arm], dtype=torch.long)
-    real = segments >= 0
-    # Padding slots form segment -1 and attend to themselves only (no row is empty).
-    return _Packed(ids, real, positions, segments, keep, target_ids, target_real,
-                   torch.tensor(rows, dtype=torch.long), torch.tensor(columns, dtype=torch.long))
