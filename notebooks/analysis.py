@@ -35,7 +35,8 @@ cells = load.load_cells(report_dir)  # tables, figures/ and report.md are writte
 # %%
 # NBVAL_CHECK_OUTPUT
 counts = report.matrix_counts(cells)
-print(f"{counts['finished']} finished cells of a {counts['regimes']} x {counts['arms']} x {counts['seeds']} matrix")
+print(f"{counts['finished']} finished cells of a {counts['regimes']} x {counts['arms']} x "
+      f"{report.seeds_phrase(counts['seeds'])} matrix")
 print("regimes:", ", ".join(load.regimes(cells)), "| arms:", ", ".join(load.arms(cells)))
 
 # %% [markdown]

@@ -8,7 +8,7 @@ from matplotlib.colors import to_hex
 
 from reward_density.analysis.load import arms, load_cells, regimes
 from reward_density.analysis.plots import FIGURES, VERDICT_COLORS, plot_equivalence
-from reward_density.analysis.report import write_report
+from reward_density.analysis.report import matrix_counts, seeds_phrase, write_report
 from reward_density.analysis.tables import accuracy_table, equivalence_table, gain_table
 
 N_PROBLEMS = 10
@@ -215,3 +215,12 @@ def test_the_report_shows_the_benchmark_ratio_when_one_was_run_and_says_how_when
     assert "Not measured" not in text, "a benchmark file in the folder must be reported"
     assert "| ours (stacked) | 60.3 |" in text and "| TRL GRPOTrainer (one arm at a time) | 36.2 |" in text
     assert "**1.67x**" in text and "Some CPU (AVX2)" in text and "commit 0123456789ab" in text
+
+
+def test_a_regime_with_more_seeds_counts_its_own_in_the_matrix(outputs):
+    for rank in (1, 2, None):
+        write_cell(outputs, "outcome", rank, 2, 5)  # a third outcome seed; process keeps two
+    counts = matrix_counts(load_cells(outputs))
+    assert counts["seeds"] == {"outcome": 3, "process": 2}
+    assert counts["matrix"] == 4 * (3 + 2), "regimes x arms (r1, r2, r4, full) x each regime's seeds"
+    assert seeds_phrase(counts["seeds"]) == "{outcome 3, process 2}" and seeds_phrase({"a": 4, "b": 4}) == "4"

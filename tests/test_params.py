@@ -55,7 +55,7 @@ def error_of(tmp_path: Path, data) -> str:
     return message
 
 
-@pytest.mark.parametrize("name, cells", [("mini", 96), ("mini_sweep", 192), ("mini_klfree", 72),
+@pytest.mark.parametrize("name, cells", [("mini", 108), ("mini_sweep", 192), ("mini_klfree", 72),
                                          ("mini_outcome_seeds", 72), ("mini_outcome_powered", 204),
                                          ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
@@ -67,10 +67,10 @@ def test_shipped_profiles_load(name, cells):
 
 def test_the_outcome_replications_differ_from_mini_only_in_their_fresh_seeds():
     mini = load_profile(find_profile("mini"))
-    earlier = set(mini.matrix.seeds)
+    earlier = set(mini.matrix.all_seeds)
     for name in ("mini_outcome_seeds", "mini_outcome_powered"):  # in the order they ran
         replication = load_profile(find_profile(name))
-        seeds = set(replication.matrix.seeds)
+        seeds = set(replication.matrix.all_seeds)
         assert not seeds & earlier, f"{name} reuses seeds an earlier study ran: {sorted(seeds & earlier)}"
         earlier |= seeds
         assert replication.matrix.regimes == ("outcome",)
@@ -86,17 +86,17 @@ def test_the_outcome_replications_differ_from_mini_only_in_their_fresh_seeds():
 
 def test_the_powered_replication_has_the_seeds_the_first_one_projected():
     projected = pd.read_csv(REPO_ROOT / "outputs" / "mini_outcome_seeds" / "equivalence.csv")["seeds_needed"]
-    seeds = len(load_profile(find_profile("mini_outcome_powered")).matrix.seeds)
+    seeds = len(load_profile(find_profile("mini_outcome_powered")).matrix.seeds["outcome"])
     assert seeds == projected.max(), f"{seeds} seeds, but the 12-seed replication projects {projected.max()}"
 
 
 def test_mini_order_and_names():
     profile = load_profile(find_profile("mini"))
-    cells = profile.cells()
-    seeds = len(profile.matrix.seeds)
-    assert [c.name for c in cells[:seeds + 1]] == [f"outcome-r1-s{s}" for s in range(seeds)] + ["outcome-r2-s0"]
-    assert cells[5 * seeds].name == "outcome-rfull-s0" and cells[6 * seeds].name == "process-r1-s0"
-    assert cells[-1].name == f"sft-rfull-s{seeds - 1}"
+    cells, seeds = profile.cells(), profile.matrix.seeds
+    first = len(seeds["outcome"])
+    assert [c.name for c in cells[:first + 1]] == [f"outcome-r1-s{s}" for s in seeds["outcome"]] + ["outcome-r2-s0"]
+    assert cells[5 * first].name == "outcome-rfull-s0" and cells[6 * first].name == "process-r1-s0"
+    assert cells[-1].name == f"sft-rfull-s{seeds['sft'][-1]}"
     for cell in cells:
         assert cell.learning_rate == profile.matrix.learning_rate_of(cell.regime, cell.rank)
 
@@ -257,6 +257,16 @@ def test_learning_rates_may_differ_per_regime(tmp_path):
         (regime, arm == "full", rate) for regime, arms in rates.items() for arm, rate in arms.items()}
     message = error_of(tmp_path, tiny(matrix__learning_rate={"outcome": rates["outcome"]}))
     assert "matrix.learning_rate.process: missing key" in message
+
+
+def test_seeds_may_differ_per_regime(tmp_path):
+    seeds = {"outcome": [0, 1, 2], "process": [0], "distillation": [4, 5], "sft": [0]}
+    profile = load_profile(write_profile(tmp_path, tiny(matrix__seeds=seeds)))
+    assert {regime: sorted({c.seed for c in profile.cells() if c.regime == regime}) for regime in seeds} == seeds
+    assert profile.matrix.all_seeds == (0, 1, 2, 4, 5)
+    message = error_of(tmp_path, tiny(matrix__seeds={"outcome": [0]}))
+    assert "matrix.seeds.process: missing key" in message
+    assert "matrix.seeds.sft[0] = -2" in error_of(tmp_path, tiny(matrix__seeds={**seeds, "sft": [-2]}))
 
 
 def test_a_learning_rate_sweep_is_a_matrix_axis_with_tagged_cell_names(tmp_path):

@@ -12,17 +12,26 @@ from .speed import speed_markdown
 from .tables import accuracy_table, equivalence_table, gain_table, power_markdown
 
 
-def matrix_counts(cells: Cells) -> dict[str, int]:
-    """Finished cells and the size of the regimes x arms x seeds matrix seen in the cells folder."""
+def matrix_counts(cells: Cells) -> dict:
+    """Finished cells and the size of the matrix seen in the cells folder: regimes x arms x each regime's seeds."""
     seen = cells.summaries[["regime", "arm", "seed"]].astype(str).values.tolist()
     parsed = [parse_cell_name(name) for name in cells.unfinished]
     seen += [[regime, arm_name(rank), str(seed)] for regime, rank, seed in filter(None, parsed)]
-    regimes_, arms_, seeds_ = ({key[i] for key in seen} for i in range(3))
+    regimes = sorted({regime for regime, _, _ in seen})
+    arms = len({arm for _, arm, _ in seen})
+    seeds = {r: len({seed for regime, _, seed in seen if regime == r}) for r in regimes}
     return {
         "finished": len(cells.summaries), "unfinished": len(cells.unfinished),
-        "regimes": len(regimes_), "arms": len(arms_), "seeds": len(seeds_),
-        "matrix": len(regimes_) * len(arms_) * len(seeds_),
+        "regimes": len(regimes), "arms": arms, "seeds": seeds, "matrix": arms * sum(seeds.values()),
     }
+
+
+def seeds_phrase(seeds: dict[str, int]) -> str:
+    """"4" when every regime has as many seeds, else each regime's count: "{outcome 8, process 4}"."""
+    counts = set(seeds.values())
+    if len(counts) <= 1:
+        return str(next(iter(counts), 0))
+    return "{" + ", ".join(f"{regime} {n}" for regime, n in seeds.items()) + "}"
 
 
 def _hidden_sizes(cells: Cells) -> set[int]:
@@ -79,7 +88,7 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
         f"# Reward density vs LoRA rank: analysis ({profile_name or 'unnamed profile'})",
         "",
         f"Finished cells: {counts['finished']} of {counts['matrix']} = {counts['regimes']} regimes × {counts['arms']} arms × "
-        f"{counts['seeds']} seeds seen in cells/ (unfinished folders: {counts['unfinished']}).",
+        f"{seeds_phrase(counts['seeds'])} seeds seen in cells/ (unfinished folders: {counts['unfinished']}).",
         _ranks_sentence(cells),
         "",
         "## Greedy pass@1 (mean ± sd over seeds)",

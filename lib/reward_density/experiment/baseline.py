@@ -76,5 +76,5 @@ def base_configs(profile: Profile, base_answers: str | Path, root: Path = REPO_R
     has the sft regime): what base_evaluation needs to compute each once, under the key the cells look up."""
     regimes = [regime for regime in (profile.matrix.regimes[0], SFT) if regime in profile.matrix.regimes]
     # The learning rate and rank do not enter the base evaluation; any valid pair will do.
-    return [cell_config(profile, regime, 1, profile.matrix.seeds[0], learning_rate=1.0, root=root,
+    return [cell_config(profile, regime, 1, profile.matrix.seeds[regime][0], learning_rate=1.0, root=root,
                         base_answers=str(base_answers)) for regime in dict.fromkeys(regimes)]

@@ -59,6 +59,7 @@ class ProfileError(ValueError):
 class Matrix:
     """The sweep: regimes x (ranks + FullFT) x learning rates x seeds.
 
+    seeds[regime]: the seeds of a regime's every arm (a profile may give each regime its own, by power).
     learning_rate[regime][arm] holds the rates of an arm ("lora" or "full") in a regime: one in a study,
     several in a learning-rate sweep (then each rate is a cell of its own, its name tagged with the rate).
     """
@@ -66,8 +67,13 @@ class Matrix:
     regimes: tuple[str, ...]
     ranks: tuple[int, ...]
     full_ft: bool
-    seeds: tuple[int, ...]
+    seeds: dict[str, tuple[int, ...]]
     learning_rate: dict[str, dict[str, tuple[float, ...]]]
+
+    @property
+    def all_seeds(self) -> tuple[int, ...]:
+        """Every seed some regime runs, ascending."""
+        return tuple(sorted({seed for seeds in self.seeds.values() for seed in seeds}))
 
     @property
     def sweeps_rates(self) -> bool:
@@ -124,7 +130,7 @@ class Profile:
             for regime in self.matrix.regimes
             for rank in ranks
             for rate in self.matrix.learning_rate[regime]["full" if rank is None else "lora"]
-            for seed in self.matrix.seeds
+            for seed in self.matrix.seeds[regime]
         ]
 
     def outputs_dir(self, root: Path) -> Path:
@@ -348,9 +354,17 @@ class _Validator:
             regimes=regimes,
             ranks=self.unique_list("matrix.ranks", data["ranks"], positive_int),
             full_ft=full_ft,
-            seeds=self.unique_list("matrix.seeds", data["seeds"], non_negative_int),
+            seeds=self.seeds(data["seeds"], regimes),
             learning_rate=learning_rate,
         )
+
+    def seeds(self, value: Any, regimes: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+        """Each regime's seeds: one list for every regime, or a mapping of regime to its own list."""
+        if isinstance(value, dict):
+            self.mapping("matrix.seeds", value, regimes)
+            return {r: self.unique_list(f"matrix.seeds.{r}", value[r], non_negative_int) for r in regimes}
+        seeds = self.unique_list("matrix.seeds", value, non_negative_int)
+        return {r: seeds for r in regimes}
 
     def arm_rates(self, key: str, value: Any, full_ft: bool) -> dict[str, tuple[float, ...]]:
         """{lora: rates, full: rates}: each a positive number or a list of them (a sweep)."""
