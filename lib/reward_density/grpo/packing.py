@@ -83,11 +83,11 @@ def pack(rollout: Rollout, weights: Qwen3Weights) -> Packed:
     per_key = attention_per_key(weights)
     packings = [first_fit(tokens, rollout.group_size, weights.arms, w) for w in widths]
 
-    def multiply_adds(sequences: list[list[_Sequence]]) -> float:  # per linear multiply-add of a token
+    def cost(sequences: list[list[_Sequence]]) -> float:  # in units of one slot's linear-layer multiply-adds
         width = sequences[0][0].width
         return max(map(len, sequences)) * width * (1 + width * per_key)
 
-    return _tensors(min(packings, key=multiply_adds), tokens)
+    return _tensors(min(packings, key=cost), tokens)
 
 
 def attention_per_key(weights: Qwen3Weights) -> float:
