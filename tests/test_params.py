@@ -84,6 +84,19 @@ def test_the_outcome_replications_differ_from_mini_only_in_their_fresh_seeds():
         assert replication.analysis == mini.analysis, f"{name} is analysed with another margin or level"
 
 
+def test_mini_trains_at_the_rates_the_committed_sweep_chose():
+    chosen = pd.read_csv(REPO_ROOT / "outputs" / "mini_sweep" / "chosen_rates.csv").set_index("regime")
+    mini = load_profile(find_profile("mini")).matrix.learning_rate
+    for regime, row in chosen.iterrows():
+        assert mini[regime] == {"lora": (row["lora"],), "full": (row["full"],)}, (
+            f"params/mini.yaml's {regime} rates {mini[regime]} are not the sweep's choice "
+            f"(outputs/mini_sweep/chosen_rates.csv: LoRA {row['lora']:g}, FullFT {row['full']:g})")
+    for name in ("mini_klfree", "mini_sgrpo", "mini_tspmo"):  # compared with mini's cells, so at mini's rates
+        other = load_profile(find_profile(name)).matrix.learning_rate
+        for regime, rates in other.items():
+            assert rates == mini[regime], f"{name} trains {regime} at {rates}, mini at {mini[regime]}"
+
+
 def test_the_powered_replication_has_the_seeds_the_first_one_projected():
     projected = pd.read_csv(REPO_ROOT / "outputs" / "mini_outcome_seeds" / "equivalence.csv")["seeds_needed"]
     seeds = len(load_profile(find_profile("mini_outcome_powered")).matrix.seeds["outcome"])
