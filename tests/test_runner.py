@@ -95,6 +95,22 @@ def test_parallel_cells_run_then_skip(root, monkeypatch):
     assert {folder: (folder / "summary.json").stat().st_mtime_ns for folder in (lora, full)} == mtimes
 
 
+def test_a_finished_cell_trained_at_another_rate_stops_the_run_before_any_work_and_is_kept(root, capsys):
+    assert run_matrix(profile_of(root), root, TRAIN, cells_filter="outcome-r1-*").finished == ["outcome-r1-s0"]
+    summary = cell_dir(root, "outcome-r1-s0") / "summary.json"
+    before = summary.stat().st_mtime_ns
+    path = root / "params" / "tiny.yaml"
+    path.write_text(path.read_text().replace("lora: 0.0003", "lora: 0.001"))
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells"]) == 2
+    error = capsys.readouterr().err
+    assert "outcome-r1-s0: learning_rate 0.0003 -> 0.001" in error, error
+    assert "move or delete those cell folders" in error, error
+    with pytest.raises(ValueError, match="1 finished cell"):  # any executor, not only the command line
+        run_matrix(profile_of(root), root, TRAIN)
+    assert summary.stat().st_mtime_ns == before, "the finished cell was touched"
+    assert not cell_dir(root, "process-r1-s0").exists(), "a cell ran although the run was refused"
+
+
 def test_stacked_arms_run_as_one_job_whose_notebook_and_log_are_the_groups(root, monkeypatch):
     path = root / "params" / "tiny.yaml"
     path.write_text(path.read_text().replace("engine: peft", "engine: stacked"))

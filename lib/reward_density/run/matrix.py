@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import json
 import os
 import shutil
 import signal
@@ -23,10 +24,13 @@ from typing import Any
 from tqdm import tqdm
 
 from ..experiment import cell_folder
-from ..experiment.config import rank_label
+from ..experiment.config import CellConfig, rank_label
 from ..experiment.profiles import MatrixCell, Profile, cell_config
 
 STOP_GRACE_SECONDS = 10.0  # how long a stopped cell may take to clean up before it is killed
+# What a finished cell's params.json must still agree with the profile on: what it trained and scored. Paths
+# (world, run) may move with the repository, and report_to only chooses where live curves go.
+COMPARED_SETTINGS = tuple(f.name for f in CellConfig.settings("matrix", "cell", "data") if f.name != "report_to")
 
 
 @dataclass
@@ -86,11 +90,44 @@ def select_cells(profile: Profile, cells_filter: str | None) -> list[MatrixCell]
     return selected
 
 
+def changed_settings(profile: Profile, cell: MatrixCell, root: Path) -> dict[str, tuple[Any, Any]]:
+    """The settings a finished cell ran with that the profile now gives otherwise: {name: (then, now)}.
+    A setting its params.json does not record (one added to the schema since) is not compared."""
+    params = profile.cells_dir(root) / cell.name / cell_folder.PARAMS
+    recorded = json.loads(params.read_text()) if params.is_file() else {}
+    now = cell_config(profile, cell.regime, cell.rank, cell.seed, learning_rate=cell.learning_rate,
+                      root=root).to_parameters()
+    now = json.loads(json.dumps({name: now[name] for name in COMPARED_SETTINGS}))  # tuples as JSON lists
+    return {name: (recorded[name], value) for name, value in now.items()
+            if name in recorded and recorded[name] != value}
+
+
+def check_finished_cells(profile: Profile, root: Path, cells_filter: str | None) -> None:
+    """Refuse to run when a finished cell was trained with settings the profile no longer gives: skipping it
+    would report stale results, rerunning it would delete them, so the user decides."""
+    stale = {}
+    for cell in select_cells(profile, cells_filter):
+        if cell_folder.is_finished(profile.cells_dir(root) / cell.name):
+            changed = changed_settings(profile, cell, root)
+            if changed:
+                stale[cell.name] = changed
+    if stale:
+        lines = [f"  {name}: " + ", ".join(f"{k} {then!r} -> {now!r}" for k, (then, now) in changed.items())
+                 for name, changed in stale.items()]
+        raise ValueError(
+            f"{len(stale)} finished cell(s) under {profile.cells_dir(root)} ran with settings {profile.path} no "
+            "longer gives (then -> now):\n" + "\n".join(lines[:10]) + ("\n  ..." if len(lines) > 10 else "")
+            + "\nmove or delete those cell folders to rerun them with the profile's settings, or restore the "
+              "profile to analyse them")
+
+
 def pending_jobs(profile: Profile, root: Path, cells_filter: str | None) -> tuple[list[Job], RunReport]:
     """The selected, unfinished cells in jobs, and a report that lists the finished ones as skipped.
 
     With engine stacked, the unfinished arms of one regime and seed form one job; otherwise each cell does.
+    Raises ValueError when a finished cell ran with settings the profile no longer gives.
     """
+    check_finished_cells(profile, root, cells_filter)
     report, pending = RunReport(), []
     for cell in select_cells(profile, cells_filter):
         if cell_folder.is_finished(profile.cells_dir(root) / cell.name):
