@@ -57,6 +57,7 @@ def error_of(tmp_path: Path, data) -> str:
 
 @pytest.mark.parametrize("name, cells", [("mini", 108), ("mini_sweep", 192), ("mini_klfree", 72),
                                          ("mini_outcome_seeds", 72), ("mini_outcome_powered", 204),
+                                         ("mini_outcome_longer", 36),
                                          ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
     profile = load_profile(find_profile(name))
@@ -82,6 +83,17 @@ def test_the_outcome_replications_differ_from_mini_only_in_their_fresh_seeds():
         assert not differing, f"{name}'s cell settings differ from mini's: {sorted(differing)}"
         assert replication.world == mini.world, f"{name} trains in another world"
         assert replication.analysis == mini.analysis, f"{name} is analysed with another margin or level"
+
+
+def test_the_longer_outcome_run_continues_minis_outcome_cells_and_differs_only_in_its_steps():
+    mini, longer = (load_profile(find_profile(name)) for name in ("mini", "mini_outcome_longer"))
+    assert longer.matrix.regimes == ("outcome",) and longer.matrix.seeds == {"outcome": mini.matrix.seeds["outcome"]}
+    assert (longer.matrix.ranks, longer.matrix.full_ft) == (mini.matrix.ranks, mini.matrix.full_ft)
+    assert longer.matrix.learning_rate["outcome"] == mini.matrix.learning_rate["outcome"]
+    assert longer.cell.get("steps") == 2 * mini.cell.get("steps", CellConfig.steps)
+    differing = {k for k in mini.cell.keys() | longer.cell.keys() if mini.cell.get(k) != longer.cell.get(k)}
+    assert differing == {"steps", "sft_batch_size"}, f"mini_outcome_longer differs from mini in {sorted(differing)}"
+    assert longer.world == mini.world and longer.analysis == mini.analysis
 
 
 def test_mini_trains_at_the_rates_the_committed_sweep_chose():
