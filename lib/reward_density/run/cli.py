@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..experiment.profiles import REPO_ROOT, Profile, find_profile, load_profile, resolve_world_entry
 from .local import gpu_slots
-from .matrix import check_finished_cells
+from .matrix import check_finished_cells, select_cells
 from .notebooks import NotebookFailed
 from .reachability import WorldUnreachable, check_world
 from .slurm import profile_executor
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile = load_profile(find_profile(args.profile, root))
         if "cells" in args.stages:
-            check_finished_cells(profile, root, args.cells)  # selects the cells too: an unmatched glob stops here
+            check_finished_cells(profile, root, select_cells(profile, args.cells))  # before the world stage
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
         slots = gpu_slots(args.gpus, profile) if args.gpus else None

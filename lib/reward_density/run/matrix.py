@@ -102,15 +102,11 @@ def changed_settings(profile: Profile, cell: MatrixCell, root: Path) -> dict[str
             if name in recorded and recorded[name] != value}
 
 
-def check_finished_cells(profile: Profile, root: Path, cells_filter: str | None) -> None:
+def check_finished_cells(profile: Profile, root: Path, cells: list[MatrixCell]) -> None:
     """Refuse to run when a finished cell was trained with settings the profile no longer gives: skipping it
     would report stale results, rerunning it would delete them, so the user decides."""
-    stale = {}
-    for cell in select_cells(profile, cells_filter):
-        if cell_folder.is_finished(profile.cells_dir(root) / cell.name):
-            changed = changed_settings(profile, cell, root)
-            if changed:
-                stale[cell.name] = changed
+    finished = [cell for cell in cells if cell_folder.is_finished(profile.cells_dir(root) / cell.name)]
+    stale = {cell.name: changed for cell in finished if (changed := changed_settings(profile, cell, root))}
     if stale:
         lines = [f"  {name}: " + ", ".join(f"{k} {then!r} -> {now!r}" for k, (then, now) in changed.items())
                  for name, changed in stale.items()]
@@ -127,9 +123,10 @@ def pending_jobs(profile: Profile, root: Path, cells_filter: str | None) -> tupl
     With engine stacked, the unfinished arms of one regime and seed form one job; otherwise each cell does.
     Raises ValueError when a finished cell ran with settings the profile no longer gives.
     """
-    check_finished_cells(profile, root, cells_filter)
+    cells = select_cells(profile, cells_filter)
+    check_finished_cells(profile, root, cells)
     report, pending = RunReport(), []
-    for cell in select_cells(profile, cells_filter):
+    for cell in cells:
         if cell_folder.is_finished(profile.cells_dir(root) / cell.name):
             report.skipped.append(cell.name)
         else:
