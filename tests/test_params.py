@@ -294,6 +294,17 @@ def test_seeds_may_differ_per_regime(tmp_path):
     assert "matrix.seeds.sft[0] = -2" in error_of(tmp_path, tiny(matrix__seeds={**seeds, "sft": [-2]}))
 
 
+def test_a_regime_may_train_its_own_number_of_steps_and_the_others_keep_the_cell_setting(tmp_path):
+    profile = load_profile(write_profile(tmp_path, tiny(matrix__steps={"outcome": 7})))
+    steps = {regime: cell_config(profile, regime, 1, 0, root=tmp_path).steps for regime in profile.matrix.regimes}
+    assert steps["outcome"] == 7, "matrix.steps.outcome must reach the outcome cells' config"
+    assert {s for regime, s in steps.items() if regime != "outcome"} == {profile.cell["steps"]}, steps
+    assert cell_config(profile, "outcome", 1, 0, root=tmp_path, steps=3).steps == 3, "a setting given here wins"
+    assert "matrix.steps.outcome = 0" in error_of(tmp_path, tiny(matrix__steps={"outcome": 0}))
+    message = error_of(tmp_path, tiny(matrix__regimes=["outcome"], matrix__steps={"process": 200}))
+    assert "matrix.steps.process: unknown key" in message
+
+
 def test_a_learning_rate_sweep_is_a_matrix_axis_with_tagged_cell_names(tmp_path):
     profile = load_profile(write_profile(tmp_path, tiny(matrix__learning_rate={"lora": [1e-3, 3e-3], "full": 1e-4},
                                                         matrix__regimes=["outcome"], matrix__ranks=[1])))

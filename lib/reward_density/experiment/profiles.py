@@ -13,7 +13,7 @@ Local paths are made absolute against the root (the repository checkout by defau
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import MISSING, dataclass
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 TOP_REQUIRED = ("profile", "world", "matrix", "analysis")
 TOP_OPTIONAL = ("cell", "build_world", "data", "cluster", "kl_bound")
 MATRIX_KEYS = ("regimes", "ranks", "full_ft", "seeds", "learning_rate")
+MATRIX_OPTIONAL = ("steps",)
 DATA_REQUIRED = ("prompt_template",)  # a data section exists to say how MATH rows become prompts
 
 ANALYSIS_SCHEMA: dict[str, Checker] = {
@@ -62,6 +63,8 @@ class Matrix:
     seeds[regime]: the seeds of a regime's every arm (a profile may give each regime its own, by power).
     learning_rate[regime][arm] holds the rates of an arm ("lora" or "full") in a regime: one in a study,
     several in a learning-rate sweep (then each rate is a cell of its own, its name tagged with the rate).
+    steps[regime]: a regime's own number of steps where it differs from cell.steps (a regime may need longer
+    to reach its plateau); a regime left out trains cell.steps.
     """
 
     regimes: tuple[str, ...]
@@ -69,6 +72,7 @@ class Matrix:
     full_ft: bool
     seeds: dict[str, tuple[int, ...]]
     learning_rate: dict[str, dict[str, tuple[float, ...]]]
+    steps: dict[str, int] = field(default_factory=dict)
 
     @property
     def all_seeds(self) -> tuple[int, ...]:
@@ -156,7 +160,9 @@ def cell_config(
     if unknown:
         raise ValueError(f"unknown cell settings {unknown}; known: {sorted(known)}")
     rank = parse_rank(rank)
-    values = {**profile.cell, **profile.data, **profile.world, **settings}
+    values = {**profile.cell, **profile.data, **profile.world}
+    values["steps"] = profile.matrix.steps.get(regime, values["steps"])
+    values.update(settings)
     for f in CellConfig.settings("world"):
         if values.get(f.name) is not None:
             values[f.name] = resolve_world_entry(values[f.name], root)
@@ -340,7 +346,7 @@ class _Validator:
 
     def matrix(self, value: Any) -> Matrix:
         """The validated matrix section; learning_rate.full is needed only when full_ft is true."""
-        data = self.mapping("matrix", value, MATRIX_KEYS)
+        data = self.mapping("matrix", value, MATRIX_KEYS, MATRIX_OPTIONAL)
         full_ft = self.check("matrix.full_ft", data["full_ft"], boolean)
         regimes = self.unique_list("matrix.regimes", data["regimes"], one_of(*REGIME_CHOICES))
         rates = data["learning_rate"]
@@ -356,7 +362,13 @@ class _Validator:
             full_ft=full_ft,
             seeds=self.seeds(data["seeds"], regimes),
             learning_rate=learning_rate,
+            steps=self.regime_steps(data.get("steps", {}), regimes),
         )
+
+    def regime_steps(self, value: Any, regimes: tuple[str, ...]) -> dict[str, int]:
+        """The regimes that train their own number of steps: a mapping of some of the matrix's regimes."""
+        self.mapping("matrix.steps", value, (), regimes)
+        return {r: self.check(f"matrix.steps.{r}", steps, positive_int) for r, steps in value.items()}
 
     def seeds(self, value: Any, regimes: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
         """Each regime's seeds: one list for every regime, or a mapping of regime to its own list."""
