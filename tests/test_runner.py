@@ -18,6 +18,7 @@ from reward_density.experiment.profiles import REPO_ROOT, load_profile
 from reward_density.run.cli import _parser, main
 from reward_density.run.local import gpu_slots, run_matrix
 from reward_density.run.matrix import cpu_count, select_cells
+from reward_density.run import notebooks
 from reward_density.run.notebooks import NotebookFailed
 from reward_density.run.stages import run_stage, stage_benchmark
 
@@ -318,3 +319,29 @@ def test_the_benchmark_stage_is_opt_in_and_writes_where_the_analysis_reads(root)
     written = read_json(outputs / "benchmark.json")
     assert written["config"]["hidden"] == 16 and written["environment"]["commit"], "config and commit are recorded"
     assert f"**{written['ours_over_trl']:.2f}x**" in speed_markdown(outputs)
+
+
+def test_a_kernel_that_never_answers_is_started_again_and_other_errors_are_not_retried(tmp_path, monkeypatch):
+    calls = []
+
+    def flaky_papermill(notebook, output, *args):
+        calls.append(notebook)
+        if len(calls) == 1:
+            raise RuntimeError("Kernel didn't respond in 60 seconds")
+        Path(output).write_text("{}")
+
+    monkeypatch.setattr(notebooks, "_papermill", flaky_papermill)
+    output = tmp_path / "out" / "cell.ipynb"
+    notebooks.execute_notebook(FIXTURES / "fake_cell.py", output, {})
+    assert len(calls) == 2 and output.is_file(), "a kernel start that timed out must be retried once, then succeed"
+
+    def broken_papermill(notebook, output, *args):
+        calls.append(notebook)
+        raise RuntimeError("something else")
+
+    calls.clear()
+    monkeypatch.setattr(notebooks, "_papermill", broken_papermill)
+    with pytest.raises(RuntimeError, match="something else"):
+        notebooks.execute_notebook(FIXTURES / "fake_cell.py", output, {})
+    assert len(calls) == 1, "an error other than a silent kernel start must not run the notebook again"
+    assert not list(output.parent.glob(".fake_cell-*")), "the converted temporary notebook must be removed"

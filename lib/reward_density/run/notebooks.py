@@ -15,6 +15,11 @@ from papermill.exceptions import PapermillExecutionError
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
 FAILURE_PREFIX = "CELL FAILED: "  # starts the line a failed cell prints (its log's way to tell why)
+# A kernel that never answered its first request ran nothing, so it is started again. On a loaded 2-core
+# machine, one of two kernels started at once has been seen silent for papermill's whole 60-second wait
+# while the other ran its notebook in 3 s.
+KERNEL_START_ATTEMPTS = 3
+KERNEL_START_FAILURES = ("Kernel didn't respond in", "Kernel died before replying to kernel_info")
 
 
 class NotebookFailed(RuntimeError):
@@ -71,23 +76,36 @@ def execute_notebook(
     os.close(handle)
     try:
         convert(source, Path(temp_name))
-        papermill.execute_notebook(
-            temp_name,
-            str(output),
-            parameters=parameters,
-            kernel_name="python3",
-            cwd=str(cwd) if cwd is not None else None,
-            progress_bar=False,
-            log_output=log_output,
-            request_save_on_cell_execute=True,
-            # Every output has arrived when the last cell ends; a graceful shutdown would wait 2.5 s
-            # for a kernel that has spawned a process (the math-verify worker) before killing it anyway.
-            shutdown_kernel="immediate",
-        )
+        for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
+            try:
+                _papermill(Path(temp_name), output, parameters, cwd, log_output)
+                break
+            except RuntimeError as exc:
+                if not str(exc).startswith(KERNEL_START_FAILURES) or attempt == KERNEL_START_ATTEMPTS:
+                    raise
+                print(f"{source}: {exc}; starting a new kernel (attempt {attempt + 1} of {KERNEL_START_ATTEMPTS})",
+                      file=sys.stderr, flush=True)
     except (PapermillExecutionError, DeadKernelError) as exc:
         raise NotebookFailed(source, output, _describe(exc)) from exc
     finally:
         Path(temp_name).unlink(missing_ok=True)
+
+
+def _papermill(notebook: Path, output: Path, parameters: dict[str, Any], cwd: Path | None, log_output: bool) -> None:
+    """One papermill execution of an .ipynb in a fresh kernel."""
+    papermill.execute_notebook(
+        str(notebook),
+        str(output),
+        parameters=parameters,
+        kernel_name="python3",
+        cwd=str(cwd) if cwd is not None else None,
+        progress_bar=False,
+        log_output=log_output,
+        request_save_on_cell_execute=True,
+        # Every output has arrived when the last cell ends; a graceful shutdown would wait 2.5 s
+        # for a kernel that has spawned a process (the math-verify worker) before killing it anyway.
+        shutdown_kernel="immediate",
+    )
 
 
 def execute_cell(spec: dict[str, Any]) -> NotebookFailed | None:
