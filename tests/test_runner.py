@@ -15,10 +15,10 @@ import yaml
 
 from reward_density.analysis.speed import speed_markdown
 from reward_density.experiment.profiles import REPO_ROOT, load_profile
+from reward_density.run import notebooks
 from reward_density.run.cli import _parser, main
 from reward_density.run.local import gpu_slots, run_matrix
 from reward_density.run.matrix import cpu_count, select_cells
-from reward_density.run import notebooks
 from reward_density.run.notebooks import NotebookFailed
 from reward_density.run.stages import run_stage, stage_benchmark
 
