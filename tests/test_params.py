@@ -55,7 +55,7 @@ def error_of(tmp_path: Path, data) -> str:
     return message
 
 
-@pytest.mark.parametrize("name, cells", [("mini", 108), ("mini_sweep", 192), ("mini_klfree", 72),
+@pytest.mark.parametrize("name, cells", [("mini", 96), ("mini_sweep", 192), ("mini_klfree", 72),
                                          ("mini_outcome_seeds", 72), ("mini_outcome_powered", 204),
                                          ("mini_outcome_longer", 36),
                                          ("smoke", 12), ("paper", 54)])
@@ -66,7 +66,7 @@ def test_shipped_profiles_load(name, cells):
     assert len(names) == len(set(names)) == cells
 
 
-def test_the_outcome_replications_differ_from_mini_only_in_their_fresh_seeds():
+def test_the_outcome_replications_differ_from_mini_only_in_their_fresh_seeds_and_the_earlier_100_steps():
     mini = load_profile(find_profile("mini"))
     earlier = set(mini.matrix.all_seeds)
     for name in ("mini_outcome_seeds", "mini_outcome_powered"):  # in the order they ran
@@ -77,6 +77,8 @@ def test_the_outcome_replications_differ_from_mini_only_in_their_fresh_seeds():
         assert replication.matrix.regimes == ("outcome",)
         assert (replication.matrix.ranks, replication.matrix.full_ft) == (mini.matrix.ranks, mini.matrix.full_ft)
         assert replication.matrix.learning_rate["outcome"] == mini.matrix.learning_rate["outcome"]
+        steps = cell_config(replication, "outcome", 1, 0).steps
+        assert steps == 100, f"{name} ran at the 100 steps mini's outcome trained before it moved to 200, not {steps}"
         differing = {k for k in mini.cell if mini.cell[k] != replication.cell[k]}
         differing -= {"sft_batch_size"}  # the SFT control's, which no replication trains
         differing -= {"curve_problems"}  # what the evaluations between the first and last score: training is the same
@@ -85,12 +87,13 @@ def test_the_outcome_replications_differ_from_mini_only_in_their_fresh_seeds():
         assert replication.analysis == mini.analysis, f"{name} is analysed with another margin or level"
 
 
-def test_the_longer_outcome_run_continues_minis_outcome_cells_and_differs_only_in_its_steps():
+def test_the_longer_outcome_run_trains_minis_outcome_cells_and_two_more_seeds():
     mini, longer = (load_profile(find_profile(name)) for name in ("mini", "mini_outcome_longer"))
-    assert longer.matrix.regimes == ("outcome",) and longer.matrix.seeds == {"outcome": mini.matrix.seeds["outcome"]}
+    assert longer.matrix.regimes == ("outcome",)
+    assert set(mini.matrix.seeds["outcome"]) < set(longer.matrix.seeds["outcome"])
     assert (longer.matrix.ranks, longer.matrix.full_ft) == (mini.matrix.ranks, mini.matrix.full_ft)
     assert longer.matrix.learning_rate["outcome"] == mini.matrix.learning_rate["outcome"]
-    assert longer.cell.get("steps") == 2 * mini.cell.get("steps", CellConfig.steps)
+    assert cell_config(longer, "outcome", 1, 0).steps == cell_config(mini, "outcome", 1, 0).steps == 200
     differing = {k for k in mini.cell.keys() | longer.cell.keys() if mini.cell.get(k) != longer.cell.get(k)}
     assert differing == {"steps", "sft_batch_size"}, f"mini_outcome_longer differs from mini in {sorted(differing)}"
     assert longer.world == mini.world and longer.analysis == mini.analysis
@@ -103,10 +106,17 @@ def test_mini_trains_at_the_rates_the_committed_sweep_chose():
         assert mini[regime] == {"lora": (row["lora"],), "full": (row["full"],)}, (
             f"params/mini.yaml's {regime} rates {mini[regime]} are not the sweep's choice "
             f"(outputs/mini_sweep/chosen_rates.csv: LoRA {row['lora']:g}, FullFT {row['full']:g})")
-    for name in ("mini_klfree", "mini_sgrpo", "mini_tspmo"):  # compared with mini's cells, so at mini's rates
-        other = load_profile(find_profile(name)).matrix.learning_rate
-        for regime, rates in other.items():
-            assert rates == mini[regime], f"{name} trains {regime} at {rates}, mini at {mini[regime]}"
+
+
+def test_the_profiles_compared_with_minis_cells_train_at_its_rates_and_steps():
+    mini = load_profile(find_profile("mini"))
+    for name in ("mini_klfree", "mini_sgrpo", "mini_tspmo"):
+        other = load_profile(find_profile(name))
+        for regime in other.matrix.regimes:
+            rates, steps = other.matrix.learning_rate[regime], cell_config(other, regime, 1, 0).steps
+            assert rates == mini.matrix.learning_rate[regime], (
+                f"{name} trains {regime} at {rates}, mini at {mini.matrix.learning_rate[regime]}")
+            assert steps == cell_config(mini, regime, 1, 0).steps, f"{name} trains {regime} {steps} steps, not mini's"
 
 
 def test_the_powered_replication_has_the_seeds_the_first_one_projected():
