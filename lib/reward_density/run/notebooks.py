@@ -15,8 +15,8 @@ from papermill.exceptions import PapermillExecutionError
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
 FAILURE_PREFIX = "CELL FAILED: "  # starts the line a failed cell prints (its log's way to tell why)
-# A kernel that never answered its first request ran nothing, so it is started again. On a loaded 2-core
-# machine, one of two kernels started at once has been seen silent for papermill's whole 60-second wait
+# A kernel that never answered its first request ran nothing, so it is started again: kernels started at once
+# race (papermill issue #239), and on CI's 2 cores one of two stayed silent for the whole 60-second wait
 # while the other ran its notebook in 3 s.
 KERNEL_START_ATTEMPTS = 3
 KERNEL_START_FAILURES = ("Kernel didn't respond in", "Kernel died before replying to kernel_info")
