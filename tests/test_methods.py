@@ -65,7 +65,9 @@ def test_the_notebook_compares_the_studies_that_ran_and_names_the_rest(tmp_path)
                       "memory_ranks": []})
     printed = "".join(o.get("text", "") for c in nbformat.read(tmp_path / "run.ipynb", 4).cells for o in c.get("outputs", []))
     assert "S-GRPO: left out" in printed and "compared: GRPO, T-SPMO" in printed
-    assert "GRPO vs T-SPMO" in (out / "method_comparison.md").read_text()
+    report = (out / "method_comparison.md").read_text()
+    assert "GRPO vs T-SPMO" in report
+    assert "Left out, no finished cells: S-GRPO (params/sgrpo.yaml)" in report, "the report hides a missing method"
 
 
 def test_the_peak_counts_what_a_step_holds_at_once_not_what_it_allocates_in_all():

@@ -104,9 +104,7 @@ def write_method_comparison(studies: dict[str, Cells], out_dir: str | Path, regi
     text = "\n".join([
         f"# {' vs '.join(studies)} ({regime} regime)",
         "",
-        "Studies: " + ", ".join(f"{name} = params/{profile}.yaml" for name, profile in (profiles or {}).items()
-                                if name in studies) + "." if profiles else "",
-        "",
+        *_studies_lines(studies, profiles or {}),
         f"## Accuracy: each method minus {base}",
         "",
         f"Final greedy pass@1 per arm; differences paired over seeds and held-out problems ({confidence:.0%} crossed "
@@ -131,3 +129,13 @@ def write_method_comparison(studies: dict[str, Cells], out_dir: str | Path, regi
     path = out / "method_comparison.md"
     path.write_text(text)
     return path
+
+
+def _studies_lines(studies: dict[str, Cells], profiles: dict[str, str]) -> list[str]:
+    """Which profile each compared method ran, and the methods named but left out for want of finished cells."""
+    ran = [f"{name} = params/{profile}.yaml" for name, profile in profiles.items() if name in studies]
+    missing = [f"{name} (params/{profile}.yaml)" for name, profile in profiles.items() if name not in studies]
+    lines = [f"Studies: {', '.join(ran)}.", ""] if ran else []
+    if missing:
+        lines += [f"Left out, no finished cells: {', '.join(missing)}; the first method compared is the baseline.", ""]
+    return lines
