@@ -39,8 +39,8 @@ export TOKENIZERS_PARALLELISM=false
 
 pin_avx2_kernels() {
   # PyTorch, MKL and oneDNN pick their kernels by instruction set (AVX2, AVX-512) and each rounds its sums
-  # differently. The golden notebooks were recorded with the AVX2 kernels, so the tests pin all three to AVX2
-  # where the CPU has it. The study does not: it runs the CPU's own, faster kernels (README, Reproducibility).
+  # differently. The golden notebooks are recorded (goldens) and checked (test) with the AVX2 kernels, all three
+  # pinned where the CPU has AVX2. The study does not: it runs the CPU's own, faster kernels (README, Reproducibility).
   if grep -qw avx2 /proc/cpuinfo 2>/dev/null; then
     export ATEN_CPU_CAPABILITY="${ATEN_CPU_CAPABILITY:-avx2}" MKL_CBWR="${MKL_CBWR:-AVX2}" \
            ONEDNN_MAX_CPU_ISA="${ONEDNN_MAX_CPU_ISA:-AVX2}"
@@ -71,11 +71,12 @@ run_study() {
 case "${1:-}" in
   setup) setup ;;
   test) shift; setup; run_tests "$@" ;;
+  goldens) setup; pin_avx2_kernels; exec "$PY" tests/golden/regenerate.py ;;
   lab) shift; setup; exec "$PY" -m reward_density.tools.lab "$@" ;;
   board) setup; exec "$VENV/bin/tensorboard" --logdir "outputs/${2:-mini}/cells" ;;
   papers) shift; setup; for profile in "${PAPERS[@]}"; do run_study --profile "$profile" "$@"; done ;;
-  -h|--help) echo "usage: ./run_all.sh [setup | test [pytest args] | lab | board [PROFILE] | papers | [runner options]]" >&2
+  -h|--help) echo "usage: ./run_all.sh [setup | test [pytest args] | goldens | lab | board [PROFILE] | papers | [runner options]]" >&2
              setup >/dev/null; "$PY" -m reward_density.run --help ;;
   ""|--*) setup; run_study "$@" ;;
-  *) echo "usage: ./run_all.sh [setup | test [pytest args] | lab | board [PROFILE] | papers | [--profile P] [--cells GLOBS] [--jobs N]]" >&2; exit 2 ;;
+  *) echo "usage: ./run_all.sh [setup | test [pytest args] | goldens | lab | board [PROFILE] | papers | [--profile P] [--cells GLOBS] [--jobs N]]" >&2; exit 2 ;;
 esac

@@ -87,6 +87,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
+from reward_density.analysis.tables import rounded
 from reward_density.data.answer_check import make_checker
 from reward_density.experiment import cell
 from reward_density.experiment.baseline import base_evaluation
@@ -146,8 +147,8 @@ for writer in writers:
     history, evals = pd.DataFrame(writer.history), pd.DataFrame(writer.evals)
     columns = [c for c in ("step", "reward_mean", "advantage_std", "loss", "len_mean", "grad_norm") if c in history]
     print(writer.config.name)
-    print(evals.round(4).to_string(index=False))
-    print(history[columns].round(4).to_string(index=False))
+    print(rounded(evals).to_string(index=False))
+    print(rounded(history[columns]).to_string(index=False))
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(10, 3))

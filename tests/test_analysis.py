@@ -9,7 +9,7 @@ from matplotlib.colors import to_hex
 from reward_density.analysis.load import arms, load_cells, regimes
 from reward_density.analysis.plots import FIGURES, VERDICT_COLORS, plot_equivalence
 from reward_density.analysis.report import matrix_counts, seeds_phrase, write_report
-from reward_density.analysis.tables import accuracy_table, equivalence_table, gain_table
+from reward_density.analysis.tables import accuracy_table, equivalence_table, gain_table, rounded
 
 N_PROBLEMS = 10
 BASE = 3  # problems the base model solves
@@ -85,6 +85,13 @@ def test_no_finished_cell_is_a_clear_error(tmp_path):
     write_cell(tmp_path, "outcome", 1, 0, 5, finished=False)
     with pytest.raises(FileNotFoundError, match="no finished cell"):
         load_cells(tmp_path)
+
+
+def test_a_printed_value_that_rounds_to_zero_has_no_sign_and_integers_stay_integers():
+    frame = pd.DataFrame({"step": [1, 2], "loss": [1e-7, -1e-7], "reward": [0.32924, -0.5]})
+    printed = rounded(frame).to_string(index=False)
+    assert "-0.0" not in printed, f"a loss of -1e-7 printed as -0.0, whose sign differs between CPUs:\n{printed}"
+    assert rounded(frame)["step"].dtype == frame["step"].dtype and rounded(frame)["reward"].tolist() == [0.3292, -0.5]
 
 
 def test_accuracy_table_means_and_sds(outputs):

@@ -79,7 +79,7 @@ def test_the_golden_training_notebooks_carry_the_schemas_parameters_cell():
         notebook = nbformat.read(golden, as_version=4)
         cell = next(c for c in notebook.cells if "parameters" in c.metadata.get("tags", []))
         assert cell.source.strip() == parameters_cell().strip(), (
-            f"{golden.name} predates the cell schema: run .venv/bin/python tests/golden/regenerate.py")
+            f"{golden.name} predates the cell schema: run ./run_all.sh goldens")
 
 
 def test_a_linear_schedule_decays_the_rate_to_one_step_of_it_and_constant_keeps_it():

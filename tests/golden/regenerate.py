@@ -1,6 +1,6 @@
 """Re-execute the golden notebooks of the smoke profile (run after changing a notebook or what it prints).
 
-    .venv/bin/python tests/golden/regenerate.py
+    ./run_all.sh goldens   # this script under the AVX2 kernel pin that `./run_all.sh test` checks them with
 
 nbval (`./run_all.sh test`) re-runs each golden notebook and compares the cells marked
 `# NBVAL_CHECK_OUTPUT`. Paths are relative to the repository root, so the goldens run from any checkout;

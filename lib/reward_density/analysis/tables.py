@@ -73,6 +73,15 @@ def _format_mean_sd(mean: float, sd: float, n: int) -> str:
     return f"{mean:.3f} (n=1)" if n == 1 else f"{mean:.3f} ± {sd:.3f}"
 
 
+def rounded(frame: pd.DataFrame, decimals: int = 4) -> pd.DataFrame:
+    """frame rounded for printing, without -0.0: the sign of a value that rounds to zero is float noise that
+    differs between CPUs (a GRPO loss near 0), and printed outputs are compared across machines."""
+    out = frame.round(decimals)
+    floats = out.select_dtypes("float").columns
+    out[floats] = out[floats] + 0.0  # IEEE 754: -0.0 + 0.0 = +0.0
+    return out
+
+
 def markdown_table(header: list[str], rows: Iterable[list]) -> str:
     """A GitHub-flavoured markdown table from a header and rows of cell values."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
