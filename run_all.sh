@@ -55,7 +55,11 @@ run_tests() {
   # Offline by design: nothing in the suite may reach a model hub (datasets reads these at import).
   # --nbval-lax re-runs the golden notebooks under tests/golden and compares the outputs of cells
   # marked NBVAL_CHECK_OUTPUT.
-  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 "$PY" -m pytest tests --nbval-lax --nbval-sanitize-with tests/golden/sanitize.cfg "$@"
+  # Test files or folders given (tests/test_loss.py, tests/golden, ...::test_name) replace the whole suite.
+  local targets=(tests) arg
+  for arg in "$@"; do [[ -e "${arg%%::*}" ]] && targets=(); done
+  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 "$PY" -m pytest "${targets[@]}" --nbval-lax \
+    --nbval-sanitize-with tests/golden/sanitize.cfg "$@"
 }
 
 # The experiments of the related papers, each a profile run after the studies it is compared with (the default
