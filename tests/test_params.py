@@ -66,10 +66,12 @@ def test_shipped_profiles_load(name, cells):
     assert len(names) == len(set(names)) == cells
 
 
-def test_the_outcome_replications_differ_from_mini_only_in_their_fresh_seeds_and_the_earlier_100_steps():
+def test_the_outcome_replications_differ_from_mini_only_in_fresh_seeds_and_the_powered_run_in_its_100_steps():
     mini = load_profile(find_profile("mini"))
     earlier = set(mini.matrix.all_seeds)
-    for name in ("mini_outcome_seeds", "mini_outcome_powered"):  # in the order they ran
+    # The powered run trained the 100 steps mini's outcome regime had then; the 12-seed one was rerun at 200.
+    for name, length in (("mini_outcome_seeds", cell_config(mini, "outcome", 1, 0).steps),
+                         ("mini_outcome_powered", 100)):  # in the order they first ran
         replication = load_profile(find_profile(name))
         seeds = set(replication.matrix.all_seeds)
         assert not seeds & earlier, f"{name} reuses seeds an earlier study ran: {sorted(seeds & earlier)}"
@@ -78,7 +80,7 @@ def test_the_outcome_replications_differ_from_mini_only_in_their_fresh_seeds_and
         assert (replication.matrix.ranks, replication.matrix.full_ft) == (mini.matrix.ranks, mini.matrix.full_ft)
         assert replication.matrix.learning_rate["outcome"] == mini.matrix.learning_rate["outcome"]
         steps = cell_config(replication, "outcome", 1, 0).steps
-        assert steps == 100, f"{name} ran at the 100 steps mini's outcome trained before it moved to 200, not {steps}"
+        assert steps == length, f"{name} trains {steps} steps, not the {length} its committed report ran"
         differing = {k for k in mini.cell if mini.cell[k] != replication.cell[k]}
         differing -= {"sft_batch_size"}  # the SFT control's, which no replication trains
         differing -= {"curve_problems"}  # what the evaluations between the first and last score: training is the same
