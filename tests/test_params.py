@@ -66,12 +66,11 @@ def test_shipped_profiles_load(name, cells):
     assert len(names) == len(set(names)) == cells
 
 
-def test_the_outcome_replications_differ_from_mini_only_in_fresh_seeds_and_the_powered_run_in_its_100_steps():
+def test_the_outcome_replications_differ_from_mini_only_in_fresh_seeds():
     mini = load_profile(find_profile("mini"))
     earlier = set(mini.matrix.all_seeds)
-    # The powered run trained the 100 steps mini's outcome regime had then; the 12-seed one was rerun at 200.
-    for name, length in (("mini_outcome_seeds", cell_config(mini, "outcome", 1, 0).steps),
-                         ("mini_outcome_powered", 100)):  # in the order they first ran
+    length = cell_config(mini, "outcome", 1, 0).steps
+    for name in ("mini_outcome_seeds", "mini_outcome_powered"):  # in the order they first ran
         replication = load_profile(find_profile(name))
         seeds = set(replication.matrix.all_seeds)
         assert not seeds & earlier, f"{name} reuses seeds an earlier study ran: {sorted(seeds & earlier)}"
@@ -80,7 +79,7 @@ def test_the_outcome_replications_differ_from_mini_only_in_fresh_seeds_and_the_p
         assert (replication.matrix.ranks, replication.matrix.full_ft) == (mini.matrix.ranks, mini.matrix.full_ft)
         assert replication.matrix.learning_rate["outcome"] == mini.matrix.learning_rate["outcome"]
         steps = cell_config(replication, "outcome", 1, 0).steps
-        assert steps == length, f"{name} trains {steps} steps, not the {length} its committed report ran"
+        assert steps == length, f"{name} trains {steps} steps, not mini's {length}"
         differing = {k for k in mini.cell if mini.cell[k] != replication.cell[k]}
         differing -= {"sft_batch_size"}  # the SFT control's, which no replication trains
         differing -= {"curve_problems"}  # what the evaluations between the first and last score: training is the same
@@ -121,14 +120,17 @@ def test_the_profiles_compared_with_minis_cells_train_at_its_rates_and_steps():
             assert steps == cell_config(mini, regime, 1, 0).steps, f"{name} trains {regime} {steps} steps, not mini's"
 
 
-def test_the_committed_12_seed_replication_is_of_its_profiles_seeds_and_steps():
-    # (Its first, 100-step version projected the powered run's 34 seeds; that report is in git history.)
-    profile = load_profile(find_profile("mini_outcome_seeds"))
-    outputs = REPO_ROOT / "outputs" / "mini_outcome_seeds"
+@pytest.mark.parametrize("name", ["mini_outcome_seeds", "mini_outcome_powered"])
+def test_a_committed_outcome_replication_is_of_its_profiles_seeds_and_steps(name):
+    # (The 12-seed run's first, 100-step version projected the powered run's 34 seeds; it is in git history.)
+    profile = load_profile(find_profile(name))
+    outputs = REPO_ROOT / "outputs" / name
     seeds = pd.read_csv(outputs / "equivalence.csv")["n_seeds"]
     steps = pd.read_csv(outputs / "plateau.csv")["final_step"]
+    seed = profile.matrix.seeds["outcome"][0]
     assert (seeds == len(profile.matrix.seeds["outcome"])).all(), f"the committed report has {set(seeds)} seeds"
-    assert (steps == cell_config(profile, "outcome", 1, 4).steps).all(), f"the committed report ran {set(steps)} steps"
+    assert (steps == cell_config(profile, "outcome", 1, seed).steps).all(), (
+        f"the committed report ran {set(steps)} steps")
 
 
 def test_mini_order_and_names():
