@@ -57,7 +57,7 @@ def error_of(tmp_path: Path, data) -> str:
 
 @pytest.mark.parametrize("name, cells", [("mini", 96), ("mini_sweep", 192), ("mini_klfree", 72),
                                          ("mini_outcome_seeds", 72), ("mini_outcome_powered", 204),
-                                         ("mini_outcome_longer", 36),
+                                         ("mini_outcome_longer", 36), ("mini_process_longer", 24),
                                          ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
     profile = load_profile(find_profile(name))
@@ -88,15 +88,16 @@ def test_the_outcome_replications_differ_from_mini_only_in_fresh_seeds():
         assert replication.analysis == mini.analysis, f"{name} is analysed with another margin or level"
 
 
-def test_the_longer_outcome_run_trains_minis_outcome_cells_and_two_more_seeds():
-    mini, longer = (load_profile(find_profile(name)) for name in ("mini", "mini_outcome_longer"))
-    assert longer.matrix.regimes == ("outcome",)
-    assert set(mini.matrix.seeds["outcome"]) < set(longer.matrix.seeds["outcome"])
+@pytest.mark.parametrize("name, regime", [("mini_outcome_longer", "outcome"), ("mini_process_longer", "process")])
+def test_a_longer_run_continues_minis_cells_of_its_regime_to_200_steps(name, regime):
+    mini, longer = (load_profile(find_profile(profile)) for profile in ("mini", name))
+    assert longer.matrix.regimes == (regime,)
+    assert set(mini.matrix.seeds[regime]) <= set(longer.matrix.seeds[regime]), f"{name} leaves out mini's seeds"
     assert (longer.matrix.ranks, longer.matrix.full_ft) == (mini.matrix.ranks, mini.matrix.full_ft)
-    assert longer.matrix.learning_rate["outcome"] == mini.matrix.learning_rate["outcome"]
-    assert cell_config(longer, "outcome", 1, 0).steps == cell_config(mini, "outcome", 1, 0).steps == 200
+    assert longer.matrix.learning_rate[regime] == mini.matrix.learning_rate[regime]
+    assert cell_config(longer, regime, 1, 0).steps == 200
     differing = {k for k in mini.cell.keys() | longer.cell.keys() if mini.cell.get(k) != longer.cell.get(k)}
-    assert differing == {"steps", "sft_batch_size"}, f"mini_outcome_longer differs from mini in {sorted(differing)}"
+    assert differing == {"steps", "sft_batch_size"}, f"{name} differs from mini in {sorted(differing)}"
     assert longer.world == mini.world and longer.analysis == mini.analysis
 
 
