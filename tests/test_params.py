@@ -121,17 +121,19 @@ def test_the_profiles_compared_with_minis_cells_train_at_its_rates_and_steps():
             assert steps == cell_config(mini, regime, 1, 0).steps, f"{name} trains {regime} {steps} steps, not mini's"
 
 
-@pytest.mark.parametrize("name", ["mini_outcome_seeds", "mini_outcome_powered"])
-def test_a_committed_outcome_replication_is_of_its_profiles_seeds_and_steps(name):
+@pytest.mark.parametrize("name", ["mini_outcome_seeds", "mini_outcome_powered", "mini_outcome_longer",
+                                  "mini_process_longer"])
+def test_a_committed_single_regime_report_is_of_its_profiles_seeds_and_steps(name):
     # (The 12-seed run's first, 100-step version projected the powered run's 34 seeds; it is in git history.)
     profile = load_profile(find_profile(name))
+    (regime,) = profile.matrix.regimes
     outputs = REPO_ROOT / "outputs" / name
     seeds = pd.read_csv(outputs / "equivalence.csv")["n_seeds"]
     steps = pd.read_csv(outputs / "plateau.csv")["final_step"]
-    seed = profile.matrix.seeds["outcome"][0]
-    assert (seeds == len(profile.matrix.seeds["outcome"])).all(), f"the committed report has {set(seeds)} seeds"
-    assert (steps == cell_config(profile, "outcome", 1, seed).steps).all(), (
-        f"the committed report ran {set(steps)} steps")
+    ran = profile.matrix.seeds[regime]
+    assert (seeds == len(ran)).all(), f"{name}'s committed report has {set(seeds)} seeds, its profile {len(ran)}"
+    assert (steps == cell_config(profile, regime, 1, ran[0]).steps).all(), (
+        f"{name}'s committed report ran {set(steps)} steps")
 
 
 def test_mini_order_and_names():
