@@ -39,8 +39,9 @@ export TOKENIZERS_PARALLELISM=false
 
 pin_avx2_kernels() {
   # PyTorch, MKL and oneDNN pick their kernels by instruction set (AVX2, AVX-512) and each rounds its sums
-  # differently. The golden notebooks are recorded (goldens) and checked (test) with the AVX2 kernels, all three
-  # pinned where the CPU has AVX2. The study does not: it runs the CPU's own, faster kernels (README, Reproducibility).
+  # differently. The golden notebooks are recorded (goldens) and checked (test) with the AVX2 kernels, all
+  # three pinned where the CPU has AVX2. The study does not: it runs the CPU's own, faster kernels (README,
+  # Reproducibility).
   if grep -qw avx2 /proc/cpuinfo 2>/dev/null; then
     export ATEN_CPU_CAPABILITY="${ATEN_CPU_CAPABILITY:-avx2}" MKL_CBWR="${MKL_CBWR:-AVX2}" \
            ONEDNN_MAX_CPU_ISA="${ONEDNN_MAX_CPU_ISA:-AVX2}"
