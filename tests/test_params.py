@@ -58,6 +58,7 @@ def error_of(tmp_path: Path, data) -> str:
 @pytest.mark.parametrize("name, cells", [("mini", 96), ("mini_sweep", 192), ("mini_klfree", 72),
                                          ("mini_outcome_seeds", 72), ("mini_outcome_powered", 204),
                                          ("mini_outcome_longer", 36), ("mini_process_longer", 24),
+                                         ("mini_process_powered", 126),
                                          ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
     profile = load_profile(find_profile(name))
@@ -66,19 +67,21 @@ def test_shipped_profiles_load(name, cells):
     assert len(names) == len(set(names)) == cells
 
 
-def test_the_outcome_replications_differ_from_mini_only_in_fresh_seeds():
+REPLICATIONS = {"mini_outcome_seeds": "outcome", "mini_outcome_powered": "outcome", "mini_process_powered": "process"}
+
+
+def test_the_replications_differ_from_mini_only_in_fresh_seeds():
     mini = load_profile(find_profile("mini"))
     earlier = set(mini.matrix.all_seeds)
-    length = cell_config(mini, "outcome", 1, 0).steps
-    for name in ("mini_outcome_seeds", "mini_outcome_powered"):  # in the order they first ran
+    for name, regime in REPLICATIONS.items():  # in the order they first ran
         replication = load_profile(find_profile(name))
         seeds = set(replication.matrix.all_seeds)
         assert not seeds & earlier, f"{name} reuses seeds an earlier study ran: {sorted(seeds & earlier)}"
         earlier |= seeds
-        assert replication.matrix.regimes == ("outcome",)
+        assert replication.matrix.regimes == (regime,)
         assert (replication.matrix.ranks, replication.matrix.full_ft) == (mini.matrix.ranks, mini.matrix.full_ft)
-        assert replication.matrix.learning_rate["outcome"] == mini.matrix.learning_rate["outcome"]
-        steps = cell_config(replication, "outcome", 1, 0).steps
+        assert replication.matrix.learning_rate[regime] == mini.matrix.learning_rate[regime]
+        steps, length = (cell_config(profile, regime, 1, 0).steps for profile in (replication, mini))
         assert steps == length, f"{name} trains {steps} steps, not mini's {length}"
         differing = {k for k in mini.cell if mini.cell[k] != replication.cell[k]}
         differing -= {"sft_batch_size"}  # the SFT control's, which no replication trains

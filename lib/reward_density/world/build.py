@@ -34,6 +34,7 @@ from ..grpo.sampler import SAMPLING_VERSION
 from ..rewards.process import PRMScorer
 from .architectures import ModelSpec, n_parameters, new_mistral, new_qwen3
 from .control import ControlConfig, control_splits
+from .multiplication import MultiplicationTask, Product
 from .pretraining import SupervisedConfig, encode_pairs, pretrain
 from .prm import (
     LabelledSolution,
@@ -44,7 +45,6 @@ from .prm import (
     step_accuracy,
     train_prm,
 )
-from .multiplication import MultiplicationTask, Product
 from .task import Expression, TaskConfig
 from .tokenizers import BAD_TOKEN, GOOD_TOKEN, STEP_TAG, build_prm_tokenizer, build_student_tokenizer
 
