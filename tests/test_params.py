@@ -125,7 +125,7 @@ def test_the_profiles_compared_with_minis_cells_train_at_its_rates_and_steps():
 
 
 @pytest.mark.parametrize("name", ["mini_outcome_seeds", "mini_outcome_powered", "mini_outcome_longer",
-                                  "mini_process_longer"])
+                                  "mini_process_longer", "mini_process_powered"])
 def test_a_committed_single_regime_report_is_of_its_profiles_seeds_and_steps(name):
     # (The 12-seed run's first, 100-step version projected the powered run's 34 seeds; it is in git history.)
     profile = load_profile(find_profile(name))
