@@ -61,6 +61,7 @@ eval_every: Optional[int] = None  # evaluate every this many steps (and at 0 and
 eval_problems: Optional[int] = None  # the first this many held-out problems (the SFT control: all its facts) [100]
 curve_problems: Optional[int] = None  # the first this many of them, scored at every evaluation: the learning curve (none: all) [None]
 eval_split: Optional[str] = None  # the mini world's split evaluated: heldout (the study) | dev (choosing settings) ['heldout']
+dev_problems: Optional[int] = None  # also score the first this many dev problems at every evaluation after step 0, to choose each arm's step on dev (analysis: stopping.py; none: no dev) [None]
 eval_max_new_tokens: Optional[int] = None  # completion cap while evaluating [1536]
 eval_batch_size: Optional[int] = None  # held-out problems per greedy batch [50]
 logged_completions: Optional[int] = None  # greedy completions of the first this many held-out problems kept at every evaluation (completions.jsonl) [16]

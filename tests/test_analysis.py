@@ -9,6 +9,7 @@ from matplotlib.colors import to_hex
 from reward_density.analysis.load import arms, load_cells, regimes
 from reward_density.analysis.plots import FIGURES, VERDICT_COLORS, plot_equivalence
 from reward_density.analysis.report import matrix_counts, seeds_phrase, write_report
+from reward_density.analysis.stopping import answers_at_chosen_steps, chosen_steps, chosen_table
 from reward_density.analysis.tables import accuracy_table, equivalence_table, gain_table, rounded
 
 N_PROBLEMS = 10
@@ -151,6 +152,7 @@ def test_report_and_every_figure_are_written_deterministically(outputs, tmp_path
     assert "Finished cells: 12 of 16" in text and "±0.05" in text and "d = 128" in text and "r2 = d/64" in text
     assert "figures/process_collapse.png" in text and "Final minus base" in text
     assert "## Power" in text and "min. detectable difference" in text and "## Plateau" in text
+    assert "dev-chosen" not in text and not (out / "equivalence_chosen.csv").exists(), "no cell scored dev problems"
     write_report(cells, out, margin=0.05, confidence=0.95, profile_name="smoke")
     assert {n: (out / n).read_bytes() for n in names} == first
 
@@ -231,3 +233,54 @@ def test_a_regime_with_more_seeds_counts_its_own_in_the_matrix(outputs):
     assert counts["seeds"] == {"outcome": 3, "process": 2}
     assert counts["matrix"] == 4 * (3 + 2), "regimes x arms (r1, r2, r4, full) x each regime's seeds"
     assert seeds_phrase(counts["seeds"]) == "{outcome 3, process 2}" and seeds_phrase({"a": 4, "b": 4}) == "4"
+
+
+def write_dev(outputs, name, pass1_by_step):
+    """A cell's dev evaluations (dev_evals.csv): {step: dev pass@1}."""
+    rows = [{"step": step, "pass1": p, "scored": 5} for step, p in pass1_by_step.items()]
+    pd.DataFrame(rows).to_csv(outputs / "cells" / name / "dev_evals.csv", index=False)
+
+
+@pytest.fixture
+def dev_chosen(outputs):
+    """The process cells with dev curves: every r1 and r2 cell best at step 2 (its peak), FullFT's at step 4; outcome
+    without any. Step 0's dev score is the highest of all, and the r2 cells tie steps 2 and 4."""
+    for seed in (0, 1):
+        write_dev(outputs, f"process-r1-s{seed}", {0: 0.9, 2: 0.6, 4: 0.4})
+        write_dev(outputs, f"process-r2-s{seed}", {2: 0.5, 4: 0.5})
+        write_dev(outputs, f"process-rfull-s{seed}", {2: 0.3, 4: 0.5})
+    return outputs
+
+
+def test_each_cell_stops_at_its_best_dev_step_after_step_0_the_earliest_of_ties(dev_chosen):
+    chosen = chosen_steps(load_cells(dev_chosen)).set_index("cell")["step"]
+    assert chosen.to_dict() == {**{f"process-r{r}-s{s}": 2 for r in (1, 2) for s in (0, 1)},
+                                "process-rfull-s0": 4, "process-rfull-s1": 4}
+
+
+def test_lora_and_fullft_are_compared_on_their_held_out_answers_at_their_chosen_steps(dev_chosen):
+    cells = load_cells(dev_chosen)
+    at_chosen = equivalence_table(cells, margin=0.05, answers=answers_at_chosen_steps(cells)).frame
+    assert list(zip(at_chosen["regime"], at_chosen["arm"])) == [("process", "r1"), ("process", "r2")]
+    peaks, full_finals = [PROCESS_PEAK - seed for seed in (0, 1)], FINAL["process"][None]
+    expected = np.mean([peak - full for peak, full in zip(peaks, full_finals)]) / N_PROBLEMS
+    assert at_chosen.iloc[0]["estimate"] == pytest.approx(expected), "not the r1 peak against FullFT's final answers"
+    table = chosen_table(cells).frame.set_index("arm")
+    assert table.loc["r1", "heldout_pass1_mean"] == pytest.approx(np.mean(peaks) / N_PROBLEMS)
+    assert table.loc["full", "step_mean"] == 4 and table.loc["r2", "n_seeds"] == 2
+
+
+def test_a_chosen_step_that_scored_only_the_curve_problems_is_a_clear_error(dev_chosen):
+    answers = dev_chosen / "cells" / "process-r1-s0" / "answers.csv"
+    frame = pd.read_csv(answers, dtype={"problem_id": str})
+    frame[(frame["step"] != 2) | (frame["problem_id"] < "005")].to_csv(answers, index=False)
+    with pytest.raises(ValueError, match="process-r1-s0.*curve_problems unset"):
+        answers_at_chosen_steps(load_cells(dev_chosen))
+
+
+def test_the_report_adds_the_dev_chosen_comparison_when_cells_scored_dev_problems(dev_chosen, tmp_path):
+    text = write_report(load_cells(dev_chosen), tmp_path / "analysis", margin=0.05).read_text()
+    assert "## At each arm's dev-chosen step" in text and "| process | r1 | 2 ± 0 |" in text, text
+    chosen = pd.read_csv(tmp_path / "analysis" / "equivalence_chosen.csv")
+    assert chosen["arm"].tolist() == ["r1", "r2"]
+    assert set(chosen["verdict"]) <= {"equivalent", "different", "inconclusive"}

@@ -50,13 +50,19 @@ def test_sampled_pass_at_k_reports_each_k_from_n_draws(tiny_tokenizer, checker):
     assert 0 <= scores[1] <= scores[4] <= 1
 
 
-def _train_smoke_arm(out_dir, checker, curve_problems):
-    """One smoke outcome arm (two steps, evaluated at 0, 1 and 2) trained in this process; its writer."""
-    from reward_density.experiment import cell
+def _smoke_config(out_dir, **settings):
+    """The config of the smoke study's outcome r1 arm, seed 0, with these settings."""
     from reward_density.experiment.profiles import REPO_ROOT, cell_config, load_profile
 
     profile = load_profile(REPO_ROOT / "params" / "smoke.yaml")
-    config = cell_config(profile, "outcome", 1, 0, out_dir=out_dir, curve_problems=curve_problems, report_to="none")
+    return cell_config(profile, "outcome", 1, 0, out_dir=out_dir, report_to="none", **settings)
+
+
+def _train_smoke_arm(out_dir, checker, curve_problems, **settings):
+    """One smoke outcome arm (two steps, evaluated at 0, 1 and 2) trained in this process; its writer."""
+    from reward_density.experiment import cell
+
+    config = _smoke_config(out_dir, curve_problems=curve_problems, **settings)
     inputs = cell.load_inputs(config, checker)
     writer = cell.CellWriter(config)
     cell.train([config], inputs, cell.make_policy([config], inputs.student), [writer], progress=False)
@@ -79,12 +85,14 @@ def test_the_evaluations_between_first_and_last_score_only_the_curve_problems(sm
         assert evaluation["pass1_scored"] == sum(r["correct"] for r in rows) / len(rows)
 
 
+def _metrics(history):
+    """Every metric of the steps but the wall-clock timings."""
+    return [{k: v for k, v in row.items() if "seconds" not in k} for row in history]
+
+
 def test_scoring_fewer_problems_in_between_changes_neither_training_nor_the_first_and_last_answers(smoke_arms):
     every, curve = smoke_arms
-    def numbers(history):  # every metric but the wall-clock timings
-        return [{k: v for k, v in row.items() if "seconds" not in k} for row in history]
-
-    assert numbers(every.history) == numbers(curve.history), "the curve subset changed the training steps"
+    assert _metrics(every.history) == _metrics(curve.history), "the curve subset changed the training steps"
     for step in (0, 2):
         assert ([r for r in every.answers if r["step"] == step] == [r for r in curve.answers if r["step"] == step]), \
             f"the step-{step} answers differ"
@@ -92,3 +100,22 @@ def test_scoring_fewer_problems_in_between_changes_neither_training_nor_the_firs
     assert middle == [r for r in curve.answers if r["step"] == 1], "the curve problems were scored differently"
     assert [e["scored"] for e in every.evals] == [8, 8, 8]
     assert [e["pass1_scored"] for e in every.evals] == [e["pass1"] for e in every.evals]
+
+
+def test_an_arm_scores_its_dev_problems_after_step_0_and_changes_neither_training_nor_its_held_out_answers(
+        smoke_arms, tmp_path, checker):
+    every, _ = smoke_arms
+    dev = _train_smoke_arm(tmp_path / "dev", checker, None, dev_problems=3)
+    assert [(e["step"], e["scored"]) for e in dev.dev_evals] == [(1, 3), (2, 3)], "dev is scored after step 0 only"
+    assert (tmp_path / "dev" / "dev_evals.csv").is_file()
+    assert _metrics(dev.history) == _metrics(every.history), "scoring dev problems changed the training steps"
+    assert dev.answers == every.answers, "scoring dev problems changed the held-out answers"
+
+
+def test_dev_problems_beyond_the_dev_split_or_beside_a_dev_evaluation_are_clear_errors(smoke_project, tmp_path):
+    from reward_density.experiment import cell
+
+    with pytest.raises(ValueError, match=r"1000000 dev problems requested but .*dev\.jsonl holds"):
+        cell.load_dev_problems(_smoke_config(tmp_path, dev_problems=10**6))
+    with pytest.raises(ValueError, match="with eval_split dev every evaluation is on dev already"):
+        _smoke_config(tmp_path, dev_problems=3, eval_split="dev")

@@ -58,7 +58,7 @@ def error_of(tmp_path: Path, data) -> str:
 @pytest.mark.parametrize("name, cells", [("mini", 96), ("mini_sweep", 192), ("mini_klfree", 72),
                                          ("mini_outcome_seeds", 72), ("mini_outcome_powered", 204),
                                          ("mini_outcome_longer", 36), ("mini_process_longer", 24),
-                                         ("mini_process_powered", 126),
+                                         ("mini_process_powered", 126), ("mini_process_stopping", 72),
                                          ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
     profile = load_profile(find_profile(name))
@@ -102,6 +102,21 @@ def test_a_longer_run_continues_minis_cells_of_its_regime_to_200_steps(name, reg
     differing = {k for k in mini.cell.keys() | longer.cell.keys() if mini.cell.get(k) != longer.cell.get(k)}
     assert differing == {"steps", "sft_batch_size"}, f"{name} differs from mini in {sorted(differing)}"
     assert longer.world == mini.world and longer.analysis == mini.analysis
+
+
+def test_the_stopping_run_is_minis_process_regime_on_powered_seeds_trained_longer_and_scored_at_every_step():
+    mini, stopping, powered = (load_profile(find_profile(name))
+                               for name in ("mini", "mini_process_stopping", "mini_process_powered"))
+    assert stopping.matrix.regimes == ("process",)
+    assert set(stopping.matrix.seeds["process"]) <= set(powered.matrix.seeds["process"])
+    assert (stopping.matrix.ranks, stopping.matrix.full_ft) == (mini.matrix.ranks, mini.matrix.full_ft)
+    assert stopping.matrix.learning_rate["process"] == mini.matrix.learning_rate["process"]
+    differing = {k for k in mini.cell.keys() | stopping.cell.keys() if mini.cell.get(k) != stopping.cell.get(k)}
+    assert differing == {"steps", "curve_problems", "dev_problems", "sft_batch_size"}, sorted(differing)
+    config = cell_config(stopping, "process", 1, 52)
+    assert config.curve_problems is None, "a cell must be comparable at whichever step dev chooses"
+    assert (config.steps, config.dev_problems) == (200, 500)
+    assert stopping.world == mini.world and stopping.analysis == mini.analysis
 
 
 def test_mini_trains_at_the_rates_the_committed_sweep_chose():

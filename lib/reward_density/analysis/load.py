@@ -23,6 +23,7 @@ class Cells:
     history: pd.DataFrame
     evals: pd.DataFrame
     answers: pd.DataFrame
+    dev_evals: pd.DataFrame  # one row per dev evaluation of the cells that scored dev problems (dev_problems)
     params: dict[str, dict]
     unfinished: tuple[str, ...]
 
@@ -39,7 +40,7 @@ def load_cells(outputs_dir: str | Path) -> Cells:
     finished = [p for p in folders if cell_folder.is_finished(p)]
     if not finished:
         raise FileNotFoundError(f"no finished cell (a folder with {cell_folder.SUMMARY}) under {root}")
-    summaries, history, evals, answers, params = [], [], [], [], {}
+    summaries, history, evals, answers, dev_evals, params = [], [], [], [], [], {}
     for folder in finished:
         summary = json.loads((folder / cell_folder.SUMMARY).read_text())
         keys = _cell_keys(folder.name, summary)
@@ -47,6 +48,8 @@ def load_cells(outputs_dir: str | Path) -> Cells:
         history.append(_read_csv(folder / cell_folder.HISTORY, keys))
         evals.append(_read_csv(folder / cell_folder.EVALS, keys))
         answers.append(_read_csv(folder / cell_folder.ANSWERS, keys))
+        if (folder / cell_folder.DEV_EVALS).is_file():
+            dev_evals.append(_read_csv(folder / cell_folder.DEV_EVALS, keys))
         params_file = folder / cell_folder.PARAMS
         params[folder.name] = json.loads(params_file.read_text()) if params_file.is_file() else {}
     answers_frame = _concat(answers)
@@ -56,6 +59,7 @@ def load_cells(outputs_dir: str | Path) -> Cells:
         history=_concat(history),
         evals=_concat(evals),
         answers=answers_frame,
+        dev_evals=_concat(dev_evals) if dev_evals else _with_key_types(pd.DataFrame(columns=[*KEYS, "step", "pass1"])),
         params=params,
         unfinished=tuple(p.name for p in folders if p not in finished),
     )

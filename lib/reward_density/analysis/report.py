@@ -9,6 +9,7 @@ from .kl import END_FRACTION, ESTIMATOR, kl_table
 from .load import Cells, arm_name, arms, ranks
 from .plots import FIGURES, plot_equivalence
 from .speed import speed_markdown
+from .stopping import answers_at_chosen_steps, chosen_table
 from .tables import accuracy_table, equivalence_table, gain_table, power_markdown
 
 
@@ -121,6 +122,7 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
         "when LoRA and FullFT truly do not differ, projected from the comparison's seed and problem variances.",
         "",
         power_markdown(equivalence.frame),
+        *_chosen_section(cells, out, margin, confidence),
         "## Plateau",
         "",
         "Whether each arm stopped learning before its last step: the share of its total gain (mean over seeds) made "
@@ -153,3 +155,24 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
     report = out / "report.md"
     report.write_text(text)
     return report
+
+
+def _chosen_section(cells: Cells, out: Path, margin: float, confidence: float) -> list[str]:
+    """The comparison at each cell's dev-chosen step (stopping.py), its tables written beside the others; nothing
+    when no cell scored dev problems."""
+    if cells.dev_evals.empty:
+        return []
+    chosen = chosen_table(cells)
+    at_chosen = equivalence_table(cells, margin, confidence, answers=answers_at_chosen_steps(cells))
+    chosen.frame.to_csv(out / "chosen_steps.csv", index=False)
+    at_chosen.frame.to_csv(out / "equivalence_chosen.csv", index=False)
+    return [
+        "## At each arm's dev-chosen step",
+        "",
+        "Each cell stopped at its own best evaluation after step 0 by dev pass@1 (the earliest of ties), chosen on its "
+        "own dev curve, never on the held-out set nor against another arm; then LoRA minus FullFT on the held-out "
+        "answers at those steps, with the intervals and verdicts above.",
+        "",
+        chosen.markdown,
+        at_chosen.markdown,
+    ]

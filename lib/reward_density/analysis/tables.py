@@ -96,13 +96,16 @@ def final_answers(cells: Cells) -> pd.DataFrame:
     return answers[answers["step"] == last]
 
 
-def equivalence_table(cells: Cells, margin: float, confidence: float = 0.95) -> Table:
+def equivalence_table(cells: Cells, margin: float, confidence: float = 0.95,
+                      answers: pd.DataFrame | None = None) -> Table:
     """Per regime and rank: LoRA minus FullFT final pass@1 with its crossed (seeds x problems) interval, the
     TOST verdict, and the power the comparison had: the half-width of the TOST interval and the minimum
-    detectable difference (5% two-sided, 80% power)."""
-    answers = final_answers(cells)
+    detectable difference (5% two-sided, 80% power). answers: other per-problem answers to compare, in the
+    regimes they cover (stopping.py's at each cell's dev-chosen step); unset, every cell's final ones."""
+    compared = regimes(cells) if answers is None else [r for r in regimes(cells) if r in set(answers["regime"])]
+    answers = final_answers(cells) if answers is None else answers
     rows = []
-    for regime in regimes(cells):
+    for regime in compared:
         of_regime = cells.summaries[cells.summaries["regime"] == regime]
         full = _answers_of(answers, regime, None)
         for rank in sorted(int(r) for r in of_regime["rank"].dropna().unique()):
@@ -177,7 +180,7 @@ def _gain_markdown(frame: pd.DataFrame) -> str:
 
 
 def _answers_of(answers: pd.DataFrame, regime: str, rank: int | None) -> pd.DataFrame:
-    """One arm's final answers in one regime (rank None = FullFT)."""
+    """One arm's answers in one regime (rank None = FullFT)."""
     arm = answers["rank"].isna() if rank is None else answers["rank"] == rank
     return answers[(answers["regime"] == regime) & arm.fillna(False)]
 

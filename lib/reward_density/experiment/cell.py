@@ -10,7 +10,7 @@ import json
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from ..data.answer_check import AnswerChecker
 from ..data.problem_sets import heldout_problems, training_problems
-from ..data.problems import Problem
+from ..data.problems import Problem, read_problems
 from ..data.sources import load_causal_lm, load_tokenizer
 from ..grpo.loss import LossConfig
 from ..grpo.policy import Policy, PolicyConfig
@@ -81,6 +81,7 @@ class CellInputs:
     student: torch.nn.Module
     reward: RewardModule | None  # None for the SFT control, which learns from solutions
     checker: AnswerChecker
+    dev: list[Problem] = field(default_factory=list)  # scored beside the held-out set, to choose a step on
 
 
 def load_problem_splits(config: CellConfig, checker: AnswerChecker) -> tuple[list[Problem], list[Problem]]:
@@ -99,14 +100,28 @@ def load_problem_splits(config: CellConfig, checker: AnswerChecker) -> tuple[lis
     return train, heldout
 
 
+def load_dev_problems(config: CellConfig) -> list[Problem]:
+    """The first dev_problems of the mini world's dev split (of the control's, for the SFT control); none unset."""
+    if config.dev_problems is None:
+        return []
+    if config.prompt_template is not None:
+        raise ValueError("dev_problems reads a mini-world folder's dev.jsonl; a MATH-schema profile has no dev split")
+    path = Path(config.control if config.regime == SFT else config.problems) / "dev.jsonl"
+    found = read_problems(path)
+    if len(found) < config.dev_problems:
+        raise ValueError(f"{config.dev_problems} dev problems requested but {path} holds {len(found)}")
+    return found[: config.dev_problems]
+
+
 def load_inputs(config: CellConfig, checker: AnswerChecker) -> CellInputs:
     """Load everything before training starts, so a missing model or dataset fails before any work."""
     train, heldout = load_problem_splits(config, checker)
+    dev = load_dev_problems(config)
     tokenizer = load_tokenizer(config.student)
     frozen = frozen_dtype(config.precision)  # FullFT's student is its fp32 master copy; the rest never changes
     student_dtype = torch.float32 if config.rank is None or config.engine == "stacked" else frozen
     student = load_causal_lm(config.student, dtype=student_dtype, device=config.device, what="student")
-    return CellInputs(train, heldout, tokenizer, student, load_reward(config, checker, tokenizer), checker)
+    return CellInputs(train, heldout, tokenizer, student, load_reward(config, checker, tokenizer), checker, dev)
 
 
 def load_reward(config: CellConfig, checker: AnswerChecker, tokenizer: Any) -> RewardModule | None:
@@ -140,8 +155,10 @@ class CellWriter:
         self.config, self.started = config, time.time()
         self.history: list[dict] = []
         self.evals: list[dict] = []
+        self.dev_evals: list[dict] = []
         self.answers: list[dict] = []
-        (self.folder / cell_folder.COMPLETIONS).unlink(missing_ok=True)
+        for stale in (cell_folder.COMPLETIONS, cell_folder.DEV_EVALS):  # appended to, or absent from this run
+            (self.folder / stale).unlink(missing_ok=True)
         self.board = live_board(config)
         write_json_atomic(self.folder / cell_folder.PARAMS, config.to_parameters() | {"derived": extra or {}})
 
@@ -179,6 +196,13 @@ class CellWriter:
                                          "completion": r["completion"], "verdict": r["verdict"],
                                          "length": r["length"], "truncated": r["truncated"]}) + "\n")
         self._show("eval", step, self.evals[-1])
+
+    def add_dev_eval(self, step: int, rows: list[dict]) -> None:
+        """One evaluation on the dev problems: only its pass@1 is kept (dev_evals.csv), to choose a step on."""
+        self.dev_evals.append({"step": step, "pass1": sum(r["correct"] for r in rows) / max(len(rows), 1),
+                               "scored": len(rows)})
+        _write_csv(self.folder / cell_folder.DEV_EVALS, self.dev_evals)
+        self._show("dev", step, self.dev_evals[-1])
 
     def _show(self, group: str, step: int, row: dict[str, Any]) -> None:
         """Every number of a row on the live board, flushed so a running cell's curves are current."""
@@ -301,7 +325,7 @@ def lr_factor(step: int, config: CellConfig) -> float:
 
 def evaluate(configs: list[CellConfig], problems: list[Problem], inputs: CellInputs,
              policy: Policy | StackedPolicy) -> list[tuple[float, list]]:
-    """Greedy pass@1 of every arm on these held-out problems, with its per-problem rows."""
+    """Greedy pass@1 of every arm on these problems, with its per-problem rows."""
     config = configs[0]
     if isinstance(policy, StackedPolicy):
         with torch.no_grad():
@@ -315,7 +339,8 @@ def evaluate(configs: list[CellConfig], problems: list[Problem], inputs: CellInp
 def train(configs: list[CellConfig], inputs: CellInputs, policy: Policy | StackedPolicy, writers: list[CellWriter],
           base: tuple[float, list[dict]] | None = None, progress: bool = True) -> None:
     """config.steps steps of every arm, with greedy held-out evaluations at step 0, every eval_every and the end:
-    of every held-out problem at step 0 and the end, of the first curve_problems in between.
+    of every held-out problem at step 0 and the end, of the first curve_problems in between; with dev_problems,
+    of those dev problems too at every evaluation after step 0.
 
     base: the base model's evaluation (every arm starts as the base), computed here when not given.
     """
@@ -333,6 +358,9 @@ def train(configs: list[CellConfig], inputs: CellInputs, policy: Policy | Stacke
             results = evaluate(configs, problems, inputs, policy)
         for writer, (_, rows) in zip(writers, results):
             writer.add_eval(step, rows, prompts)
+        if inputs.dev and step > 0:  # a step is chosen among the trained ones
+            for writer, (_, rows) in zip(writers, evaluate(configs, inputs.dev, inputs, policy)):
+                writer.add_dev_eval(step, rows)
         return [writer.evals[-1]["pass1"] for writer in writers]
 
     pass1 = evaluations(0)

@@ -7,6 +7,7 @@ PARAMS = "params.json"  # the cell's config
 HISTORY = "history.csv"  # one row of metrics per GRPO step
 EVALS = "evals.csv"  # one row per held-out evaluation
 ANSWERS = "answers.csv"  # one row per held-out problem at each evaluation
+DEV_EVALS = "dev_evals.csv"  # one row per dev evaluation (cell setting dev_problems): what a step is chosen on
 COMPLETIONS = "completions.jsonl"  # the greedy completions of the first few held-out problems at each evaluation
 MANIFEST = "manifest.json"  # git commit, package versions, device, wall time
 SUMMARY = "summary.json"  # the headline numbers; its presence means the cell is done

@@ -157,6 +157,9 @@ class CellConfig:
                                              "curve (none: all)")
     eval_split: str = setting("heldout", check=one_of("heldout", "dev"),
                               doc="the mini world's split evaluated: heldout (the study) | dev (choosing settings)")
+    dev_problems: int | None = setting(None, check=optional(positive_int),
+                                       doc="also score the first this many dev problems at every evaluation after step "
+                                           "0, to choose each arm's step on dev (analysis: stopping.py; none: no dev)")
     eval_max_new_tokens: int = setting(1536, check=positive_int, doc="completion cap while evaluating")
     eval_batch_size: int = setting(50, check=positive_int, doc="held-out problems per greedy batch")
     logged_completions: int = setting(16, check=non_negative_int,
@@ -214,6 +217,9 @@ class CellConfig:
         if None in rule.values() and any(v is not None for v in rule.values()):
             missing = sorted(k for k, v in rule.items() if v is None)
             raise ValueError(f"S-GRPO's token rule needs token_alpha, token_k and token_p together; {missing} unset")
+        if self.dev_problems is not None and self.eval_split == "dev":
+            raise ValueError("dev_problems scores the dev split beside the held-out one; with eval_split dev every "
+                             "evaluation is on dev already")
 
     @classmethod
     def settings(cls, *sections: str) -> list[Field]:
