@@ -260,12 +260,13 @@ def test_each_cell_stops_at_its_best_dev_step_after_step_0_the_earliest_of_ties(
 
 def test_lora_and_fullft_are_compared_on_their_held_out_answers_at_their_chosen_steps(dev_chosen):
     cells = load_cells(dev_chosen)
-    at_chosen = equivalence_table(cells, margin=0.05, answers=answers_at_chosen_steps(cells)).frame
+    answers = answers_at_chosen_steps(cells)
+    at_chosen = equivalence_table(cells, margin=0.05, answers=answers).frame
     assert list(zip(at_chosen["regime"], at_chosen["arm"])) == [("process", "r1"), ("process", "r2")]
     peaks, full_finals = [PROCESS_PEAK - seed for seed in (0, 1)], FINAL["process"][None]
     expected = np.mean([peak - full for peak, full in zip(peaks, full_finals)]) / N_PROBLEMS
     assert at_chosen.iloc[0]["estimate"] == pytest.approx(expected), "not the r1 peak against FullFT's final answers"
-    table = chosen_table(cells).frame.set_index("arm")
+    table = chosen_table(cells, answers).frame.set_index("arm")
     assert table.loc["r1", "heldout_pass1_mean"] == pytest.approx(np.mean(peaks) / N_PROBLEMS)
     assert table.loc["full", "step_mean"] == 4 and table.loc["r2", "n_seeds"] == 2
 

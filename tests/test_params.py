@@ -70,6 +70,18 @@ def test_shipped_profiles_load(name, cells):
 REPLICATIONS = {"mini_outcome_seeds": "outcome", "mini_outcome_powered": "outcome", "mini_process_powered": "process"}
 
 
+def assert_minis_arms(mini, other, name: str, regime: str) -> set[str]:
+    """Check that a profile trains mini's arms at mini's rates in one regime, in mini's world, analysed as mini;
+    return the cell settings where it differs from mini (sft_batch_size, which only the SFT control reads, aside)."""
+    assert other.matrix.regimes == (regime,)
+    assert (other.matrix.ranks, other.matrix.full_ft) == (mini.matrix.ranks, mini.matrix.full_ft)
+    assert other.matrix.learning_rate[regime] == mini.matrix.learning_rate[regime]
+    assert other.world == mini.world, f"{name} trains in another world"
+    assert other.analysis == mini.analysis, f"{name} is analysed with another margin or level"
+    differing = {k for k in mini.cell.keys() | other.cell.keys() if mini.cell.get(k) != other.cell.get(k)}
+    return differing - {"sft_batch_size"}
+
+
 def test_the_replications_differ_from_mini_only_in_fresh_seeds():
     mini = load_profile(find_profile("mini"))
     earlier = set(mini.matrix.all_seeds)
@@ -78,45 +90,31 @@ def test_the_replications_differ_from_mini_only_in_fresh_seeds():
         seeds = set(replication.matrix.all_seeds)
         assert not seeds & earlier, f"{name} reuses seeds an earlier study ran: {sorted(seeds & earlier)}"
         earlier |= seeds
-        assert replication.matrix.regimes == (regime,)
-        assert (replication.matrix.ranks, replication.matrix.full_ft) == (mini.matrix.ranks, mini.matrix.full_ft)
-        assert replication.matrix.learning_rate[regime] == mini.matrix.learning_rate[regime]
+        differing = assert_minis_arms(mini, replication, name, regime)
         steps, length = (cell_config(profile, regime, 1, 0).steps for profile in (replication, mini))
         assert steps == length, f"{name} trains {steps} steps, not mini's {length}"
-        differing = {k for k in mini.cell if mini.cell[k] != replication.cell[k]}
-        differing -= {"sft_batch_size"}  # the SFT control's, which no replication trains
         differing -= {"curve_problems"}  # what the evaluations between the first and last score: training is the same
         assert not differing, f"{name}'s cell settings differ from mini's: {sorted(differing)}"
-        assert replication.world == mini.world, f"{name} trains in another world"
-        assert replication.analysis == mini.analysis, f"{name} is analysed with another margin or level"
 
 
 @pytest.mark.parametrize("name, regime", [("mini_outcome_longer", "outcome"), ("mini_process_longer", "process")])
 def test_a_longer_run_continues_minis_cells_of_its_regime_to_200_steps(name, regime):
     mini, longer = (load_profile(find_profile(profile)) for profile in ("mini", name))
-    assert longer.matrix.regimes == (regime,)
+    differing = assert_minis_arms(mini, longer, name, regime)
     assert set(mini.matrix.seeds[regime]) <= set(longer.matrix.seeds[regime]), f"{name} leaves out mini's seeds"
-    assert (longer.matrix.ranks, longer.matrix.full_ft) == (mini.matrix.ranks, mini.matrix.full_ft)
-    assert longer.matrix.learning_rate[regime] == mini.matrix.learning_rate[regime]
     assert cell_config(longer, regime, 1, 0).steps == 200
-    differing = {k for k in mini.cell.keys() | longer.cell.keys() if mini.cell.get(k) != longer.cell.get(k)}
-    assert differing == {"steps", "sft_batch_size"}, f"{name} differs from mini in {sorted(differing)}"
-    assert longer.world == mini.world and longer.analysis == mini.analysis
+    assert differing == {"steps"}, f"{name} differs from mini in {sorted(differing)}"
 
 
 def test_the_stopping_run_is_minis_process_regime_on_powered_seeds_trained_longer_and_scored_at_every_step():
     mini, stopping, powered = (load_profile(find_profile(name))
                                for name in ("mini", "mini_process_stopping", "mini_process_powered"))
-    assert stopping.matrix.regimes == ("process",)
+    differing = assert_minis_arms(mini, stopping, "mini_process_stopping", "process")
     assert set(stopping.matrix.seeds["process"]) <= set(powered.matrix.seeds["process"])
-    assert (stopping.matrix.ranks, stopping.matrix.full_ft) == (mini.matrix.ranks, mini.matrix.full_ft)
-    assert stopping.matrix.learning_rate["process"] == mini.matrix.learning_rate["process"]
-    differing = {k for k in mini.cell.keys() | stopping.cell.keys() if mini.cell.get(k) != stopping.cell.get(k)}
-    assert differing == {"steps", "curve_problems", "dev_problems", "sft_batch_size"}, sorted(differing)
+    assert differing == {"steps", "curve_problems", "dev_problems"}, sorted(differing)
     config = cell_config(stopping, "process", 1, 52)
     assert config.curve_problems is None, "a cell must be comparable at whichever step dev chooses"
     assert (config.steps, config.dev_problems) == (200, 500)
-    assert stopping.world == mini.world and stopping.analysis == mini.analysis
 
 
 def test_the_committed_stopping_report_compares_every_arm_at_its_dev_chosen_step():

@@ -162,8 +162,8 @@ def _chosen_section(cells: Cells, out: Path, margin: float, confidence: float) -
     when no cell scored dev problems."""
     if cells.dev_evals.empty:
         return []
-    chosen = chosen_table(cells)
-    at_chosen = equivalence_table(cells, margin, confidence, answers=answers_at_chosen_steps(cells))
+    answers = answers_at_chosen_steps(cells)
+    chosen, at_chosen = chosen_table(cells, answers), equivalence_table(cells, margin, confidence, answers=answers)
     chosen.frame.to_csv(out / "chosen_steps.csv", index=False)
     at_chosen.frame.to_csv(out / "equivalence_chosen.csv", index=False)
     return [

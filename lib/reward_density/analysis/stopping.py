@@ -36,10 +36,11 @@ def answers_at_chosen_steps(cells: Cells) -> pd.DataFrame:
     return answers
 
 
-def chosen_table(cells: Cells) -> Table:
-    """Per regime and arm, mean ± sd over seeds of the chosen step, its dev pass@1 and its held-out pass@1."""
+def chosen_table(cells: Cells, at_chosen: pd.DataFrame) -> Table:
+    """Per regime and arm, mean ± sd over seeds of the chosen step, its dev pass@1 and its held-out pass@1 (from
+    at_chosen, answers_at_chosen_steps' answers)."""
     chosen = chosen_steps(cells)
-    heldout = answers_at_chosen_steps(cells).groupby("cell")["correct"].mean().rename("heldout_pass1")
+    heldout = at_chosen.groupby("cell")["correct"].mean().rename("heldout_pass1")
     chosen = chosen.join(heldout, on="cell")
     rows = []
     for regime in regimes(cells):
