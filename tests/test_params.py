@@ -59,7 +59,7 @@ def error_of(tmp_path: Path, data) -> str:
                                          ("mini_outcome_seeds", 72), ("mini_outcome_powered", 204),
                                          ("mini_outcome_longer", 36), ("mini_process_longer", 24),
                                          ("mini_process_powered", 126), ("mini_process_stopping", 72),
-                                         ("smoke", 12), ("paper", 54)])
+                                         ("mini_sweep_stopping", 60), ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
     profile = load_profile(find_profile(name))
     assert profile.name == name
@@ -115,6 +115,20 @@ def test_the_stopping_run_is_minis_process_regime_on_powered_seeds_trained_longe
     config = cell_config(stopping, "process", 1, 52)
     assert config.curve_problems is None, "a cell must be comparable at whichever step dev chooses"
     assert (config.steps, config.dev_problems) == (200, 500)
+
+
+def test_the_stopping_runs_sweep_trains_its_arms_as_it_does_on_the_sweeps_seeds_scoring_dev_at_each_best_step():
+    stopping, sweep, rates_sweep = (load_profile(find_profile(name))
+                                    for name in ("mini_process_stopping", "mini_sweep_stopping", "mini_sweep"))
+    assert (sweep.matrix.regimes, sweep.matrix.ranks) == (stopping.matrix.regimes, stopping.matrix.ranks)
+    assert sweep.matrix.seeds == {"process": rates_sweep.matrix.seeds["process"]}, "the sweep's seeds are mini_sweep's"
+    for arm, rates in sweep.matrix.learning_rate["process"].items():
+        chosen = stopping.matrix.learning_rate["process"][arm][0]
+        assert len(rates) == 5 and rates[2] == chosen, f"{arm}'s grid is not centred on its 100-step rate {chosen:g}"
+    differing = {k for k in stopping.cell.keys() | sweep.cell.keys() if stopping.cell.get(k) != sweep.cell.get(k)}
+    assert differing == {"eval_split", "eval_problems", "dev_problems"}, sorted(differing)
+    assert (sweep.cell["eval_split"], sweep.cell["eval_problems"]) == ("dev", stopping.cell["dev_problems"])
+    assert sweep.analysis["choose_rate_by"] == "best_step" and rates_sweep.analysis["choose_rate_by"] == "final"
 
 
 def test_the_committed_stopping_report_compares_every_arm_at_its_dev_chosen_step():
@@ -273,6 +287,7 @@ def test_world_entry_rule(tmp_path):
         ({"analysis__confidence": 1}, "analysis.confidence = 1", "(0, 1)"),
         ({"analysis__compare_with": ""}, "analysis.compare_with = ''", "a non-empty string"),
         ({"analysis__methods": {"GRPO": "mini"}}, "analysis.methods", "at least two names"),
+        ({"analysis__choose_rate_by": "peak"}, "analysis.choose_rate_by = 'peak'", "one of final, best_step"),
         ({"cell__token_p": 2}, "cell.token_p = 2", "a probability in [0, 1]"),
         ({"cell__advantage_estimator": "trie"}, "cell.advantage_estimator = 'trie'", "one of group, prefix_trie"),
         ({"cell__track_kl": "yes"}, "cell.track_kl = 'yes'", "true or false"),

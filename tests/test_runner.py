@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from reward_density.analysis.speed import speed_markdown
-from reward_density.experiment.profiles import REPO_ROOT, load_profile
-from reward_density.run import notebooks
+from reward_density.experiment.profiles import COMPARISONS, REPO_ROOT, load_profile
+from reward_density.run import notebooks, stages
 from reward_density.run.cli import _parser, main
 from reward_density.run.local import gpu_slots, run_matrix
 from reward_density.run.matrix import cpu_count, select_cells
@@ -175,6 +175,20 @@ def test_run_stage_failure_names_notebook_and_error(root, monkeypatch):
     assert output.is_file() and sorted(p.name for p in output.parent.iterdir()) == ["out.ipynb", "outcome-r1-s0"]
 
 
+@pytest.mark.parametrize("name, notebook, choose_rate_by", [("mini_sweep", "sweep_analysis.py", "final"),
+                                                          ("mini_sweep_stopping", "sweep_analysis.py", "best_step"),
+                                                          ("mini", "analysis.py", None)])
+def test_only_a_sweeps_analysis_is_told_how_to_choose_its_rates(tmp_path, monkeypatch, name, notebook,
+                                                                 choose_rate_by):
+    stages_run = []
+    monkeypatch.setattr(stages, "run_stage",
+                        lambda path, output, parameters, root: stages_run.append((path, parameters)))
+    stages.stage_analysis(load_profile(REPO_ROOT / "params" / f"{name}.yaml"), tmp_path)
+    (path, parameters), *comparisons = stages_run
+    assert path.name == notebook and parameters.get("choose_rate_by") == choose_rate_by, parameters
+    assert not comparisons
+
+
 def test_cli_bad_profile_exits_2_before_any_work(root, capsys):
     (root / "params" / "tiny.yaml").write_text(
         (root / "params" / "tiny.yaml").read_text().replace("- 1\n", "- 0\n", 1))
@@ -304,7 +318,7 @@ def test_papers_runs_every_comparison_after_the_studies_it_reads():
         missing = [other for other in read if other and other not in papers[: index + 1]]
         assert not missing, f"{name} compares with {missing}, which `papers` does not run before it"
     comparing = {path.stem for path in (REPO_ROOT / "params").glob("*.yaml")
-                 if {"compare_with", "methods"} & set(load_profile(path).analysis)}
+                 if any(load_profile(path).analysis[key] for key in COMPARISONS)}
     assert comparing <= set(papers), f"profiles with a comparison left out of `papers`: {comparing - set(papers)}"
 
 

@@ -1,15 +1,19 @@
-"""The learning-rate sweep's choice: each arm's best final pass@1, among plateaued rates where the study needs one."""
+"""The learning-rate sweep's choice: each arm's best final pass@1, among plateaued rates where the study needs one,
+or its best pass@1 after step 0 for a study that stops each arm at its best dev step."""
 import json
 
 import pandas as pd
+import pytest
 
 from reward_density.analysis.load import load_cells
-from reward_density.analysis.sweep import chosen_rates, write_sweep_report
+from reward_density.analysis.sweep import SCORES, chosen_rates, write_sweep_report
+from reward_density.experiment.profiles import RATE_CRITERIA
 
 # pass@1 at steps 0, 3 (75% of the steps) and 4 (the end) of each arm and rate, the same for every seed.
 PLATEAUED = {0: 0.3, 3: 0.58, 4: 0.60}  # 7% of its gain in the last quarter
 CLIMBING = {0: 0.3, 3: 0.45, 4: 0.70}  # best final, but 62% of its gain came last
 FLAT = {0: 0.3, 3: 0.3, 4: 0.3}
+PEAKED = {0: 0.3, 3: 0.75, 4: 0.35}  # the best of all at step 3, then overfits
 CURVES = {
     None: {1e-5: FLAT, 3e-5: CLIMBING, 1e-4: PLATEAUED},
     1: {1e-4: PLATEAUED, 1e-3: CLIMBING},
@@ -64,3 +68,38 @@ def test_the_sweep_report_lists_every_arm_rate_and_its_late_share(tmp_path):
     text = path.read_text()
     assert "share of gain in last 25%" in text and "62%" in text and "7%" in text
     assert (tmp_path / "out" / "chosen_rates.csv").is_file()
+
+
+def test_choosing_by_the_best_step_takes_each_arms_best_peak_whatever_its_end(tmp_path):
+    lora = {1e-4: PLATEAUED, 1e-3: PEAKED}
+    curves = {None: {1e-5: PLATEAUED, 3e-5: PEAKED}, 1: lora, 2: lora}
+    cells = sweep(tmp_path, ("outcome",), curves)
+    by_final = chosen_rates(cells).frame.iloc[0]
+    by_step = chosen_rates(cells, "best_step").frame.iloc[0]
+    assert (by_final["full"], by_final["lora"]) == (1e-5, 1e-4), "by final pass@1 the plateaued rates win"
+    assert (by_step["full"], by_step["lora"]) == (3e-5, 1e-3), "at each cell's best step the peaked rates win"
+    assert by_step["lora_score"] == pytest.approx((0.75 + 0.75) / 2), "LoRA's score is the mean over its ranks"
+
+
+def test_the_best_step_never_counts_step_zero(tmp_path):
+    falling = {0: 0.9, 3: 0.4, 4: 0.2}  # the untrained model is its best
+    curves = {None: {1e-5: falling, 3e-5: PLATEAUED}, 1: {1e-4: falling, 1e-3: PLATEAUED}}
+    row = chosen_rates(sweep(tmp_path, ("process",), curves), "best_step").frame.iloc[0]
+    assert (row["full"], row["lora"]) == (3e-5, 1e-3), "a rate was scored by its step-0 pass@1"
+
+
+def test_an_unknown_criterion_is_an_error_that_names_the_choices(tmp_path):
+    with pytest.raises(ValueError, match="unknown choose_rate_by 'peak'.*final, best_step"):
+        chosen_rates(sweep(tmp_path), "peak")
+
+
+def test_every_criterion_a_profile_accepts_has_a_score():
+    assert set(SCORES) == set(RATE_CRITERIA)
+
+
+def test_the_sweep_report_says_which_score_chose_the_rates(tmp_path):
+    cells = sweep(tmp_path)
+    by_final = write_sweep_report(cells, tmp_path / "final", "test").read_text()
+    by_step = write_sweep_report(cells, tmp_path / "step", "test", "best_step").read_text()
+    assert "FullFT rate (final pass@1)" in by_final and "plateaued" in by_final
+    assert "FullFT rate (best pass@1 after step 0)" in by_step and "own best dev step" in by_step

@@ -14,10 +14,15 @@ from .load import KEYS, Cells, arms, regimes
 from .tables import Table, final_answers, markdown_table
 
 
+def best_steps(evals: pd.DataFrame) -> pd.DataFrame:
+    """Per cell of an evaluation frame: the row of its best pass@1 after step 0, the earliest of ties."""
+    trained = evals[evals["step"] > 0]
+    return trained.sort_values(["cell", "pass1", "step"], ascending=[True, False, True]).drop_duplicates("cell")
+
+
 def chosen_steps(cells: Cells) -> pd.DataFrame:
     """Per cell that scored dev problems: its chosen step and its dev pass@1 there."""
-    dev = cells.dev_evals[cells.dev_evals["step"] > 0]
-    best = dev.sort_values(["cell", "pass1", "step"], ascending=[True, False, True]).drop_duplicates("cell")
+    best = best_steps(cells.dev_evals)
     return best[[*KEYS, "step", "pass1"]].rename(columns={"pass1": "dev_pass1"}).reset_index(drop=True)
 
 

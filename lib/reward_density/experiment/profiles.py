@@ -42,14 +42,19 @@ MATRIX_KEYS = ("regimes", "ranks", "full_ft", "seeds", "learning_rate")
 MATRIX_OPTIONAL = ("steps",)
 DATA_REQUIRED = ("prompt_template",)  # a data section exists to say how MATH rows become prompts
 
+# What a learning-rate sweep chooses each arm's rate by: its final pass@1 (a study that reads every arm at its end)
+# or its best pass@1 after step 0 (a study that stops each arm at its own best dev step).
+RATE_CRITERIA = ("final", "best_step")
 ANALYSIS_SCHEMA: dict[str, Checker] = {
     "equivalence_margin": positive_number,
     "confidence": open_unit_number,
     "compare_with": non_empty_string,  # another profile whose cells differ only in beta: the with/without-KL analysis
     "methods": label_mapping,  # method name -> profile, the first the baseline, the last writes the comparison
+    "choose_rate_by": one_of(*RATE_CRITERIA),  # a learning-rate sweep's score of a rate (analysis/sweep.py)
 }
-ANALYSIS_DEFAULTS: dict[str, Any] = {"compare_with": None, "methods": None}
+ANALYSIS_DEFAULTS: dict[str, Any] = {"compare_with": None, "methods": None, "choose_rate_by": "final"}
 COMPARISONS = ("compare_with", "methods")  # analysis keys that add a comparison with other profiles
+SWEEP_SETTINGS = ("choose_rate_by",)  # analysis keys only a learning-rate sweep's analysis reads
 
 
 class ProfileError(ValueError):
@@ -321,7 +326,8 @@ class _Validator:
             cluster=self.cluster(data["cluster"]) if "cluster" in data else {},
             matrix=self.matrix(data["matrix"]),
             cell=cell_defaults | self.schema("cell", data.get("cell", {}), cell_checks, cell_defaults),
-            analysis=self.schema("analysis", data["analysis"], ANALYSIS_SCHEMA, ANALYSIS_DEFAULTS),
+            analysis={**ANALYSIS_DEFAULTS,
+                      **self.schema("analysis", data["analysis"], ANALYSIS_SCHEMA, ANALYSIS_DEFAULTS)},
             kl_bound=kl_bound,
         )
 

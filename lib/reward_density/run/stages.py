@@ -17,7 +17,7 @@ import submitit
 from ..analysis.speed import BENCHMARK_FILE
 from ..experiment import kl_bound
 from ..experiment.baseline import base_configs, base_eval_key
-from ..experiment.profiles import COMPARISONS, Profile, resolve_world_entry
+from ..experiment.profiles import COMPARISONS, SWEEP_SETTINGS, Profile, resolve_world_entry
 from ..experiment.provenance import fingerprint, write_json_atomic
 from .local import run_matrix
 from .matrix import RunReport, base_answers_dir
@@ -38,7 +38,7 @@ def run_stage(notebook: Path, output: Path, parameters: dict[str, Any], root: Pa
 
 def analysis_parameters(profile: Profile, root: Path) -> dict[str, Any]:
     """The analysis notebook's parameters."""
-    settings = {k: v for k, v in profile.analysis.items() if k not in COMPARISONS}
+    settings = {k: v for k, v in profile.analysis.items() if k not in (*COMPARISONS, *SWEEP_SETTINGS)}
     return {"profile": profile.name, "outputs_dir": str(profile.outputs_dir(root)), **settings}
 
 
@@ -112,18 +112,20 @@ def stage_analysis(profile: Profile, root: Path) -> None:
     the with/without-KL or the method comparison when the profile names the studies to compare with."""
     outputs = profile.outputs_dir(root)
     if profile.matrix.sweeps_rates:
-        notebook, parameters, written = "sweep_analysis.py", {"profile": profile.name, "outputs_dir": str(outputs)}, "sweep.md"
+        notebook, written = "sweep_analysis.py", "sweep.md"
+        parameters = {"profile": profile.name, "outputs_dir": str(outputs),
+                      "choose_rate_by": profile.analysis["choose_rate_by"]}
     else:
         notebook, parameters, written = "analysis.py", analysis_parameters(profile, root), "report.md"
     output = outputs / notebook.replace(".py", ".ipynb")
     run_stage(root / "notebooks" / notebook, output, parameters, root)
     print(f"analysis: {output}\nreport: {outputs / written}", file=sys.stderr)
-    if profile.analysis.get("compare_with"):  # a study that differs from another only in beta
+    if profile.analysis["compare_with"]:  # a study that differs from another only in beta
         output = outputs / "kl_comparison.ipynb"
         run_stage(root / "notebooks" / "kl_comparison.py", output,
                   {**analysis_parameters(profile, root), "compare_with": profile.analysis["compare_with"]}, root)
         print(f"comparison: {output}\nreport: {outputs / 'kl_comparison.md'}", file=sys.stderr)
-    methods = profile.analysis.get("methods") or {}
+    methods = profile.analysis["methods"] or {}
     if list(methods.values())[-1:] == [profile.name]:  # the last of the methods compared writes the comparison
         output = outputs / "method_comparison.ipynb"
         run_stage(root / "notebooks" / "method_comparison.py", output,
