@@ -59,7 +59,7 @@ def error_of(tmp_path: Path, data) -> str:
                                          ("mini_outcome_seeds", 72), ("mini_outcome_powered", 204),
                                          ("mini_outcome_longer", 36), ("mini_process_longer", 24),
                                          ("mini_process_powered", 126), ("mini_process_stopping", 72),
-                                         ("mini_sweep_stopping", 60), ("smoke", 12), ("paper", 54)])
+                                         ("mini_sweep_stopping", 62), ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
     profile = load_profile(find_profile(name))
     assert profile.name == name
@@ -124,7 +124,7 @@ def test_the_stopping_runs_sweep_trains_its_arms_as_it_does_on_the_sweeps_seeds_
     assert sweep.matrix.seeds == {"process": rates_sweep.matrix.seeds["process"]}, "the sweep's seeds are mini_sweep's"
     for arm, rates in sweep.matrix.learning_rate["process"].items():
         chosen = stopping.matrix.learning_rate["process"][arm][0]
-        assert len(rates) == 5 and rates[2] == chosen, f"{arm}'s grid is not centred on its 100-step rate {chosen:g}"
+        assert len(rates) >= 5 and chosen in rates[1:-1], f"{arm}'s grid does not span its 100-step rate {chosen:g}"
     differing = {k for k in stopping.cell.keys() | sweep.cell.keys() if stopping.cell.get(k) != sweep.cell.get(k)}
     assert differing == {"eval_split", "eval_problems", "dev_problems"}, sorted(differing)
     assert (sweep.cell["eval_split"], sweep.cell["eval_problems"]) == ("dev", stopping.cell["dev_problems"])

@@ -85,7 +85,7 @@ def chosen_rates(cells: Cells, by: str = "final") -> Table:
                      "ratio": lora_rate / full_rate, **{f"best_{arm}": rate for arm, rate in per_rank.items()}})
         flag = {False: ", no rate plateaued" if needs_plateau else "", True: ""}
         lines.append([regime, f"{full_rate:g} ({full_score:.3f}{flag[full_plateau]})",
-                      f"{lora_rate:g} ({lora_score:.3f}{flag[lora_plateau]})", f"{lora_rate / full_rate:.0f}x",
+                      f"{lora_rate:g} ({lora_score:.3f}{flag[lora_plateau]})", f"{lora_rate / full_rate:.2g}x",
                       ", ".join(f"{arm} {rate:g}" for arm, rate in sorted(per_rank.items(), key=lambda kv: int(kv[0][1:])))])
     header = ["regime", f"FullFT rate ({label})", f"LoRA rate ({label}, mean over ranks)", "LoRA / FullFT",
               "each rank's own best rate"]
