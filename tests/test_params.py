@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -59,7 +60,8 @@ def error_of(tmp_path: Path, data) -> str:
                                          ("mini_outcome_seeds", 72), ("mini_outcome_powered", 204),
                                          ("mini_outcome_longer", 36), ("mini_process_longer", 24),
                                          ("mini_process_powered", 126), ("mini_process_stopping", 72),
-                                         ("mini_sweep_stopping", 62), ("smoke", 12), ("paper", 54)])
+                                         ("mini_sweep_stopping", 62), ("mini_process_stopping_swept", 72),
+                                         ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
     profile = load_profile(find_profile(name))
     assert profile.name == name
@@ -129,6 +131,16 @@ def test_the_stopping_runs_sweep_trains_its_arms_as_it_does_on_the_sweeps_seeds_
     assert differing == {"eval_split", "eval_problems", "dev_problems"}, sorted(differing)
     assert (sweep.cell["eval_split"], sweep.cell["eval_problems"]) == ("dev", stopping.cell["dev_problems"])
     assert sweep.analysis["choose_rate_by"] == "best_step" and rates_sweep.analysis["choose_rate_by"] == "final"
+
+
+def test_the_swept_stopping_run_is_the_stopping_run_at_the_rates_its_committed_sweep_chose():
+    stopping, swept = (load_profile(find_profile(name))
+                       for name in ("mini_process_stopping", "mini_process_stopping_swept"))
+    chosen = pd.read_csv(REPO_ROOT / "outputs" / "mini_sweep_stopping" / "chosen_rates.csv").set_index("regime")
+    assert swept.matrix.learning_rate["process"] == {arm: (chosen.loc["process", arm],) for arm in ("lora", "full")}, (
+        "params/mini_process_stopping_swept.yaml does not train at outputs/mini_sweep_stopping/chosen_rates.csv's rates")
+    assert replace(swept.matrix, learning_rate=stopping.matrix.learning_rate) == stopping.matrix
+    assert (swept.world, swept.cell, swept.analysis) == (stopping.world, stopping.cell, stopping.analysis)
 
 
 def test_the_committed_stopping_report_compares_every_arm_at_its_dev_chosen_step():
