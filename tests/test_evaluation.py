@@ -112,10 +112,11 @@ def test_an_arm_scores_its_dev_problems_after_step_0_and_changes_neither_trainin
     assert dev.answers == every.answers, "scoring dev problems changed the held-out answers"
 
 
-def test_dev_problems_beyond_the_dev_split_or_beside_a_dev_evaluation_are_clear_errors(smoke_project, tmp_path):
+def test_dev_problems_beyond_the_dev_split_or_beside_a_dev_evaluation_are_clear_errors(smoke_project, tmp_path,
+                                                                                       checker):
     from reward_density.experiment import cell
 
     with pytest.raises(ValueError, match=r"1000000 dev problems requested but .*dev\.jsonl holds"):
-        cell.load_dev_problems(_smoke_config(tmp_path, dev_problems=10**6))
+        cell.load_dev_problems(_smoke_config(tmp_path, dev_problems=10**6), checker)
     with pytest.raises(ValueError, match="with eval_split dev every evaluation is on dev already"):
         _smoke_config(tmp_path, dev_problems=3, eval_split="dev")

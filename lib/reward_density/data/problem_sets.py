@@ -30,12 +30,14 @@ def heldout_problems(
     """The fixed held-out set: the first `count` problems (all when None) of `heldout`, else of `problems`
     (a mini-world folder: its `split`, heldout for the study or dev for choosing settings)."""
     if prompt_template is None:
-        found = read_problems(Path(heldout) if heldout else Path(problems) / f"{split}.jsonl")
+        source = Path(heldout) if heldout else Path(problems) / f"{split}.jsonl"
+        found = read_problems(source)
     else:  # a separate held-out dataset has one default config; the training dataset's test split has subsets
-        found = _math_problems(heldout or problems, "test", prompt_template, None if heldout else subsets, checker, log)
+        source = heldout or problems
+        found = _math_problems(source, "test", prompt_template, None if heldout else subsets, checker, log)
     if count is not None and len(found) < count:
-        raise ValueError(f"{count} held-out problems requested but only {len(found)} usable ones exist in "
-                         f"{heldout or problems}")
+        what = "held-out" if split == "heldout" else split
+        raise ValueError(f"{count} {what} problems requested but {source} holds only {len(found)} usable ones")
     return found[:count]
 
 

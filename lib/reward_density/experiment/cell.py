@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from ..data.answer_check import AnswerChecker
 from ..data.problem_sets import heldout_problems, training_problems
-from ..data.problems import Problem, read_problems
+from ..data.problems import Problem
 from ..data.sources import load_causal_lm, load_tokenizer
 from ..grpo.loss import LossConfig
 from ..grpo.policy import Policy, PolicyConfig
@@ -100,23 +100,20 @@ def load_problem_splits(config: CellConfig, checker: AnswerChecker) -> tuple[lis
     return train, heldout
 
 
-def load_dev_problems(config: CellConfig) -> list[Problem]:
+def load_dev_problems(config: CellConfig, checker: AnswerChecker) -> list[Problem]:
     """The first dev_problems of the mini world's dev split (of the control's, for the SFT control); none unset."""
     if config.dev_problems is None:
         return []
     if config.prompt_template is not None:
         raise ValueError("dev_problems reads a mini-world folder's dev.jsonl; a MATH-schema profile has no dev split")
-    path = Path(config.control if config.regime == SFT else config.problems) / "dev.jsonl"
-    found = read_problems(path)
-    if len(found) < config.dev_problems:
-        raise ValueError(f"{config.dev_problems} dev problems requested but {path} holds {len(found)}")
-    return found[: config.dev_problems]
+    source = config.control if config.regime == SFT else config.problems
+    return heldout_problems(source, None, None, None, checker, count=config.dev_problems, split="dev")
 
 
 def load_inputs(config: CellConfig, checker: AnswerChecker) -> CellInputs:
     """Load everything before training starts, so a missing model or dataset fails before any work."""
     train, heldout = load_problem_splits(config, checker)
-    dev = load_dev_problems(config)
+    dev = load_dev_problems(config, checker)
     tokenizer = load_tokenizer(config.student)
     frozen = frozen_dtype(config.precision)  # FullFT's student is its fp32 master copy; the rest never changes
     student_dtype = torch.float32 if config.rank is None or config.engine == "stacked" else frozen
@@ -197,10 +194,9 @@ class CellWriter:
                                          "length": r["length"], "truncated": r["truncated"]}) + "\n")
         self._show("eval", step, self.evals[-1])
 
-    def add_dev_eval(self, step: int, rows: list[dict]) -> None:
+    def add_dev_eval(self, step: int, pass1: float, scored: int) -> None:
         """One evaluation on the dev problems: only its pass@1 is kept (dev_evals.csv), to choose a step on."""
-        self.dev_evals.append({"step": step, "pass1": sum(r["correct"] for r in rows) / max(len(rows), 1),
-                               "scored": len(rows)})
+        self.dev_evals.append({"step": step, "pass1": pass1, "scored": scored})
         _write_csv(self.folder / cell_folder.DEV_EVALS, self.dev_evals)
         self._show("dev", step, self.dev_evals[-1])
 
@@ -359,8 +355,8 @@ def train(configs: list[CellConfig], inputs: CellInputs, policy: Policy | Stacke
         for writer, (_, rows) in zip(writers, results):
             writer.add_eval(step, rows, prompts)
         if inputs.dev and step > 0:  # a step is chosen among the trained ones
-            for writer, (_, rows) in zip(writers, evaluate(configs, inputs.dev, inputs, policy)):
-                writer.add_dev_eval(step, rows)
+            for writer, (pass1, _) in zip(writers, evaluate(configs, inputs.dev, inputs, policy)):
+                writer.add_dev_eval(step, pass1, len(inputs.dev))
         return [writer.evals[-1]["pass1"] for writer in writers]
 
     pass1 = evaluations(0)
