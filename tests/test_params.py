@@ -61,6 +61,7 @@ def error_of(tmp_path: Path, data) -> str:
                                          ("mini_outcome_longer", 36), ("mini_process_longer", 24),
                                          ("mini_process_powered", 126), ("mini_process_stopping", 72),
                                          ("mini_sweep_stopping", 62), ("mini_process_stopping_swept", 72),
+                                         ("mini_world1", 96),
                                          ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
     profile = load_profile(find_profile(name))
@@ -151,6 +152,17 @@ def test_the_committed_stopping_report_compares_every_arm_at_its_dev_chosen_step
     assert chosen["arm"].tolist() == [f"r{rank}" for rank in profile.matrix.ranks]
     assert (chosen["n_seeds"] == len(profile.matrix.seeds["process"])).all() and (chosen["n_problems"] == 1000).all()
     assert steps["arm"].tolist() == [*chosen["arm"], "full"] and steps["step_mean"].between(25, 200).all()
+
+
+def test_the_second_world_study_is_mini_in_a_world_built_from_another_seed():
+    mini, other = (load_profile(find_profile(name)) for name in ("mini", "mini_world1"))
+    assert other.build_world["seed"] != mini.build_world["seed"], "mini_world1 builds mini's world again"
+    folder = other.build_world["out_dir"]
+    assert folder != mini.build_world["out_dir"], "mini_world1 would overwrite mini's world"
+    assert all(path.startswith(f"{folder}/") for path in other.world.values()), (
+        f"mini_world1 trains in a world it does not build: {other.world}")
+    assert replace(other, name=mini.name, world=mini.world, build_world=mini.build_world,
+                   kl_bound=mini.kl_bound, path=mini.path) == mini, "mini_world1 differs from mini beyond its world"
 
 
 def test_mini_trains_at_the_rates_the_committed_sweep_chose():
