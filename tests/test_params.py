@@ -161,8 +161,10 @@ def test_the_second_world_study_is_mini_in_a_world_built_from_another_seed():
     assert folder != mini.build_world["out_dir"], "mini_world1 would overwrite mini's world"
     assert all(path.startswith(f"{folder}/") for path in other.world.values()), (
         f"mini_world1 trains in a world it does not build: {other.world}")
-    assert replace(other, name=mini.name, world=mini.world, build_world=mini.build_world,
-                   kl_bound=mini.kl_bound, path=mini.path) == mini, "mini_world1 differs from mini beyond its world"
+    assert other.analysis["replicates"] == "mini", "mini_world1's report does not set its verdicts beside mini's"
+    assert replace(other, name=mini.name, world=mini.world, build_world=mini.build_world, kl_bound=mini.kl_bound,
+                   path=mini.path, analysis=mini.analysis) == mini, "mini_world1 differs from mini beyond its world"
+    assert {**other.analysis, "replicates": None} == mini.analysis, "mini_world1 is analysed unlike mini"
 
 
 def test_mini_trains_at_the_rates_the_committed_sweep_chose():
@@ -314,6 +316,7 @@ def test_world_entry_rule(tmp_path):
         ({"analysis__compare_with": ""}, "analysis.compare_with = ''", "a non-empty string"),
         ({"analysis__methods": {"GRPO": "mini"}}, "analysis.methods", "at least two names"),
         ({"analysis__choose_rate_by": "peak"}, "analysis.choose_rate_by = 'peak'", "one of final, best_step"),
+        ({"analysis__replicates": 3}, "analysis.replicates = 3", "a non-empty string"),
         ({"cell__token_p": 2}, "cell.token_p = 2", "a probability in [0, 1]"),
         ({"cell__advantage_estimator": "trie"}, "cell.advantage_estimator = 'trie'", "one of group, prefix_trie"),
         ({"cell__track_kl": "yes"}, "cell.track_kl = 'yes'", "true or false"),

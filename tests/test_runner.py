@@ -305,6 +305,18 @@ def test_the_analysis_stage_compares_the_methods_a_profile_names(root):
     assert "methods" not in read_json(outputs / "report.md"), "the main analysis does not receive the comparison's key"
 
 
+def test_a_replication_is_analysed_as_a_study_then_set_beside_the_study_it_replicates(tmp_path, monkeypatch):
+    stages_run = []
+    monkeypatch.setattr(stages, "run_stage",
+                        lambda path, output, parameters, root: stages_run.append((path.name, parameters)))
+    stages.stage_analysis(load_profile(REPO_ROOT / "params" / "mini_world1.yaml"), tmp_path)
+    (study, parameters), (comparison, compared) = stages_run
+    assert study == "analysis.py" and set(parameters) == {"profile", "outputs_dir", "equivalence_margin", "confidence"}
+    assert comparison == "replication.py"
+    assert (compared["replicates"], compared["replicates_dir"]) == ("mini", str(tmp_path / "outputs" / "mini"))
+    assert compared["outputs_dir"] == str(tmp_path / "outputs" / "mini_world1")
+
+
 def test_papers_runs_every_comparison_after_the_studies_it_reads():
     """`./run_all.sh papers`: the profile that writes a comparison (compare_with, or the last of its methods)
     comes after every study the comparison reads, and every such profile is in the list."""

@@ -51,10 +51,12 @@ ANALYSIS_SCHEMA: dict[str, Checker] = {
     "compare_with": non_empty_string,  # another profile whose cells differ only in beta: the with/without-KL analysis
     "methods": label_mapping,  # method name -> profile, the first the baseline, the last writes the comparison
     "choose_rate_by": one_of(*RATE_CRITERIA),  # a learning-rate sweep's score of a rate (analysis/sweep.py)
+    "replicates": non_empty_string,  # the study this one runs again elsewhere: verdicts side by side (replication.py)
 }
-ANALYSIS_DEFAULTS: dict[str, Any] = {"compare_with": None, "methods": None, "choose_rate_by": "final"}
-COMPARISONS = ("compare_with", "methods")  # analysis keys that add a comparison with other profiles
-SWEEP_SETTINGS = ("choose_rate_by",)  # analysis keys only a learning-rate sweep's analysis reads
+ANALYSIS_DEFAULTS: dict[str, Any] = {"compare_with": None, "methods": None, "choose_rate_by": "final",
+                                     "replicates": None}
+COMPARISONS = ("compare_with", "methods")  # analysis keys that add a paper's comparison with other profiles
+STUDY_SETTINGS = ("equivalence_margin", "confidence")  # the analysis keys a study's own analysis notebook reads
 
 
 class ProfileError(ValueError):

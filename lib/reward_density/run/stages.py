@@ -17,7 +17,7 @@ import submitit
 from ..analysis.speed import BENCHMARK_FILE
 from ..experiment import kl_bound
 from ..experiment.baseline import base_configs, base_eval_key
-from ..experiment.profiles import COMPARISONS, SWEEP_SETTINGS, Profile, resolve_world_entry
+from ..experiment.profiles import STUDY_SETTINGS, Profile, resolve_world_entry
 from ..experiment.provenance import fingerprint, write_json_atomic
 from .local import run_matrix
 from .matrix import RunReport, base_answers_dir
@@ -38,7 +38,7 @@ def run_stage(notebook: Path, output: Path, parameters: dict[str, Any], root: Pa
 
 def analysis_parameters(profile: Profile, root: Path) -> dict[str, Any]:
     """The analysis notebook's parameters."""
-    settings = {k: v for k, v in profile.analysis.items() if k not in (*COMPARISONS, *SWEEP_SETTINGS)}
+    settings = {key: profile.analysis[key] for key in STUDY_SETTINGS}
     return {"profile": profile.name, "outputs_dir": str(profile.outputs_dir(root)), **settings}
 
 
@@ -108,8 +108,8 @@ def stage_benchmark(profile: Profile, root: Path, options: tuple[str, ...] = ())
 
 
 def stage_analysis(profile: Profile, root: Path) -> None:
-    """Run the analysis on whatever cells are finished (a learning-rate sweep's own analysis for a sweep), and
-    the with/without-KL or the method comparison when the profile names the studies to compare with."""
+    """Run the analysis on whatever cells are finished (a learning-rate sweep's own analysis for a sweep), then the
+    with/without-KL, method or replication comparison when the profile names the studies to compare with."""
     outputs = profile.outputs_dir(root)
     if profile.matrix.sweeps_rates:
         notebook, written = "sweep_analysis.py", "sweep.md"
@@ -131,6 +131,13 @@ def stage_analysis(profile: Profile, root: Path) -> None:
         run_stage(root / "notebooks" / "method_comparison.py", output,
                   {**analysis_parameters(profile, root), "methods": profile.analysis["methods"]}, root)
         print(f"comparison: {output}\nreport: {outputs / 'method_comparison.md'}", file=sys.stderr)
+    original = profile.analysis["replicates"]
+    if original:  # the same study run again elsewhere (another world, fresh seeds)
+        output = outputs / "replication.ipynb"
+        run_stage(root / "notebooks" / "replication.py", output,
+                  {"profile": profile.name, "outputs_dir": str(outputs), "replicates": original,
+                   "replicates_dir": str(root / "outputs" / original)}, root)
+        print(f"comparison: {output}\nreport: {outputs / 'replication.md'}", file=sys.stderr)
 
 
 def stage_kl_bound(profile: Profile, root: Path) -> None:

@@ -1,0 +1,76 @@
+"""A study run again under other conditions (a world built from another seed, fresh training seeds) beside the
+study it replicates: verdict by verdict, and the FullFT gains that say whether RL learned in both.
+
+Both are read from the studies' own tables (equivalence.csv, gain.csv, written by their analyses), so the original
+study's cells need not be on disk: its committed summaries are enough.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .tables import Table, markdown_table
+
+SUMMARIES = ("equivalence.csv", "gain.csv")
+REPLICATION_FILES = ("replication.md", "replication.csv")
+
+
+def read_summaries(study_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """A finished study's equivalence and gain tables, by file name; a missing one is an error naming it."""
+    folder = Path(study_dir)
+    missing = [name for name in SUMMARIES if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder} has no {' or '.join(missing)}: run that study's analysis first")
+    return {name: pd.read_csv(folder / name) for name in SUMMARIES}
+
+
+def verdict_agreement(original: pd.DataFrame, replication: pd.DataFrame, names: tuple[str, str]) -> Table:
+    """Every LoRA-vs-FullFT comparison both equivalence tables made: both differences and verdicts, and whether
+    the verdicts agree; comparisons made by one study only are counted, not compared."""
+    keys, columns = ["regime", "arm"], ["estimate", "ci_low", "ci_high", "verdict"]
+    both = original[keys + columns].merge(replication[keys + columns], on=keys, suffixes=("_original", "_replication"))
+    both["agree"] = both["verdict_original"] == both["verdict_replication"]
+    only = len(original) + len(replication) - 2 * len(both)
+    rows = [[r.regime, r.arm, _difference(r, "original"), r.verdict_original, _difference(r, "replication"),
+             r.verdict_replication, "yes" if r.agree else "**no**"] for r in both.itertuples()]
+    header = ["regime", "arm", f"{names[0]}: LoRA − FullFT [CI]", "verdict", f"{names[1]}: LoRA − FullFT [CI]",
+              "verdict", "agree"]
+    summary = f"**{int(both['agree'].sum())} of {len(both)} verdicts agree**"
+    summary += f"; not compared, made by one study only: {only}.\n" if only else ".\n"
+    return Table(both, summary + "\n" + markdown_table(header, rows))
+
+
+def _difference(row, study: str) -> str:
+    return (f"{getattr(row, f'estimate_{study}'):+.3f} [{getattr(row, f'ci_low_{study}'):+.3f}, "
+            f"{getattr(row, f'ci_high_{study}'):+.3f}]")
+
+
+def fullft_gains(original: pd.DataFrame, replication: pd.DataFrame, names: tuple[str, str]) -> Table:
+    """Each regime's FullFT arm in both studies: its base pass@1 and its gain over it with the interval."""
+    keys, columns = ["regime"], ["base", "gain", "ci_low", "ci_high"]
+    full = [frame[frame["arm"] == "full"][keys + columns] for frame in (original, replication)]
+    both = full[0].merge(full[1], on=keys, suffixes=("_original", "_replication"))
+    rows = [[r.regime] + [f"{getattr(r, f'base_{s}'):.3f}" for s in ("original", "replication")]
+            + [f"{getattr(r, f'gain_{s}'):+.3f} [{getattr(r, f'ci_low_{s}'):+.3f}, {getattr(r, f'ci_high_{s}'):+.3f}]"
+               for s in ("original", "replication")] for r in both.itertuples()]
+    header = ["regime", f"base, {names[0]}", f"base, {names[1]}", f"FullFT gain, {names[0]}",
+              f"FullFT gain, {names[1]}"]
+    return Table(both, markdown_table(header, rows))
+
+
+def write_replication_report(original_dir: str | Path, replication_dir: str | Path, names: tuple[str, str]) -> Path:
+    """replication.md (the two tables) and replication.csv (the verdicts side by side) in replication_dir."""
+    original, replication = read_summaries(original_dir), read_summaries(replication_dir)
+    verdicts = verdict_agreement(original["equivalence.csv"], replication["equivalence.csv"], names)
+    gains = fullft_gains(original["gain.csv"], replication["gain.csv"], names)
+    out = Path(replication_dir)
+    report, table = (out / name for name in REPLICATION_FILES)
+    report.write_text(
+        f"# {names[1]} against {names[0]}\n\n"
+        f"The same LoRA-vs-FullFT comparisons in both studies, at the margin and level each was analysed with "
+        f"(their report.md), read from their equivalence.csv and gain.csv.\n\n## Verdicts\n\n{verdicts.markdown}\n"
+        f"## Did RL learn in both? FullFT's gain over its base\n\n{gains.markdown}"
+    )
+    verdicts.frame.to_csv(table, index=False)
+    return report

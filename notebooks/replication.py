@@ -1,0 +1,57 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # A study run again elsewhere
+#
+# A verdict of the mini study is a statement about one world: a student, teacher, PRM and problem set built
+# from one seed on one kind of CPU. A replication runs the same arms at the same settings somewhere else (a world
+# built from another seed, fresh training seeds) and asks how many of the LoRA-vs-FullFT verdicts come out the
+# same. Both studies are read from their own tables (equivalence.csv and gain.csv), so the original study's
+# committed summaries are enough.
+
+# %% tags=["parameters"]
+profile = "mini_world1"  # the replication
+outputs_dir = "outputs/mini_world1"
+replicates = "mini"  # the study it runs again
+replicates_dir = "outputs/mini"  # its outputs (relative paths are taken from the repository root)
+
+# %%
+from IPython.display import Markdown, display
+
+from reward_density.analysis import replication
+from reward_density.experiment.profiles import REPO_ROOT
+
+names = (replicates, profile)
+original_dir, replication_dir = REPO_ROOT / replicates_dir, REPO_ROOT / outputs_dir
+original, again = replication.read_summaries(original_dir), replication.read_summaries(replication_dir)
+
+# %% [markdown]
+# ## Verdict by verdict
+#
+# Each comparison's difference (LoRA − FullFT, pass@1 on each study's held-out set, with its interval at the
+# study's confidence level) and verdict in both studies. A flip from *equivalent* or *different* to
+# *inconclusive* is a loss of power; one between *equivalent* and *different* is a result that did not hold.
+
+# %%
+print(replication.verdict_agreement(original["equivalence.csv"], again["equivalence.csv"], names).markdown)
+
+# %% [markdown]
+# ## Did training move both?
+#
+# FullFT's gain over its own base in each regime (the SFT control's on its own skill): a replication in which
+# the arms did not learn could not disagree.
+
+# %%
+print(replication.fullft_gains(original["gain.csv"], again["gain.csv"], names).markdown)
+
+# %%
+path = replication.write_replication_report(original_dir, replication_dir, names)
+display(Markdown(path.read_text()))
