@@ -68,9 +68,12 @@ def write_replication_report(original_dir: str | Path, replication_dir: str | Pa
     report, table = (out / name for name in REPLICATION_FILES)
     report.write_text(
         f"# {names[1]} against {names[0]}\n\n"
-        f"The same LoRA-vs-FullFT comparisons in both studies, at the margin and level each was analysed with "
-        f"(their report.md), read from their equivalence.csv and gain.csv.\n\n## Verdicts\n\n{verdicts.markdown}\n"
-        f"## Did RL learn in both? FullFT's gain over its base\n\n{gains.markdown}"
+        f"The same LoRA-vs-FullFT comparisons in both studies, each at the margin and confidence level it was "
+        f"analysed with (its report.md), read from their equivalence.csv and gain.csv. A flip from *equivalent* or "
+        f"*different* to *inconclusive* is a loss of power; one between *equivalent* and *different* is a result "
+        f"that did not hold.\n\n## Verdicts\n\n{verdicts.markdown}\n"
+        f"## Did training move both? FullFT's gain over its base (the SFT control's on its own skill)\n\n"
+        f"{gains.markdown}"
     )
     verdicts.frame.to_csv(table, index=False)
     return report
