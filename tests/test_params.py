@@ -61,7 +61,7 @@ def error_of(tmp_path: Path, data) -> str:
                                          ("mini_outcome_longer", 36), ("mini_process_longer", 24),
                                          ("mini_process_powered", 126), ("mini_process_stopping", 72),
                                          ("mini_sweep_stopping", 62), ("mini_process_stopping_swept", 72),
-                                         ("mini_world1", 96),
+                                         ("mini_world1", 96), ("mini_world2", 96),
                                          ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
     profile = load_profile(find_profile(name))
@@ -154,17 +154,24 @@ def test_the_committed_stopping_report_compares_every_arm_at_its_dev_chosen_step
     assert steps["arm"].tolist() == [*chosen["arm"], "full"] and steps["step_mean"].between(25, 200).all()
 
 
-def test_the_second_world_study_is_mini_in_a_world_built_from_another_seed():
-    mini, other = (load_profile(find_profile(name)) for name in ("mini", "mini_world1"))
-    assert other.build_world["seed"] != mini.build_world["seed"], "mini_world1 builds mini's world again"
-    folder = other.build_world["out_dir"]
-    assert folder != mini.build_world["out_dir"], "mini_world1 would overwrite mini's world"
-    assert all(path.startswith(f"{folder}/") for path in other.world.values()), (
-        f"mini_world1 trains in a world it does not build: {other.world}")
-    assert other.analysis["replicates"] == "mini", "mini_world1's report does not set its verdicts beside mini's"
-    assert replace(other, name=mini.name, world=mini.world, build_world=mini.build_world, kl_bound=mini.kl_bound,
-                   path=mini.path, analysis=mini.analysis) == mini, "mini_world1 differs from mini beyond its world"
-    assert {**other.analysis, "replicates": None} == mini.analysis, "mini_world1 is analysed unlike mini"
+WORLD_REPLICATIONS = ("mini_world1", "mini_world2")
+
+
+def test_each_world_replication_is_mini_in_a_world_built_from_a_seed_of_its_own():
+    mini = load_profile(find_profile("mini"))
+    seeds = [mini.build_world["seed"]]
+    for name in WORLD_REPLICATIONS:
+        other = load_profile(find_profile(name))
+        assert other.build_world["seed"] not in seeds, f"{name} builds an earlier study's world again"
+        seeds.append(other.build_world["seed"])
+        folder = other.build_world["out_dir"]
+        assert folder == f"outputs/{name}/world", f"{name} builds its world outside its own outputs: {folder}"
+        assert all(path.startswith(f"{folder}/") for path in other.world.values()), (
+            f"{name} trains in a world it does not build: {other.world}")
+        assert other.analysis["replicates"] == "mini", f"{name}'s report does not set its verdicts beside mini's"
+        assert replace(other, name=mini.name, world=mini.world, build_world=mini.build_world, kl_bound=mini.kl_bound,
+                       path=mini.path, analysis=mini.analysis) == mini, f"{name} differs from mini beyond its world"
+        assert {**other.analysis, "replicates": None} == mini.analysis, f"{name} is analysed unlike mini"
 
 
 def test_mini_trains_at_the_rates_the_committed_sweep_chose():
