@@ -22,6 +22,7 @@ profile = "mini_world1"  # the replication
 outputs_dir = "outputs/mini_world1"
 replicates = "mini"  # the study it runs again
 replicates_dir = "outputs/mini"  # its outputs (relative paths are taken from the repository root)
+equivalence_margin = 0.05  # the band the figure draws
 
 # %%
 from IPython.display import Markdown, display
@@ -53,5 +54,5 @@ print(replication.verdict_agreement(original["equivalence.csv"], again["equivale
 print(replication.fullft_gains(original["gain.csv"], again["gain.csv"], names).markdown)
 
 # %%
-path = replication.write_replication_report(original_dir, replication_dir, names)
+path = replication.write_replication_report(original_dir, replication_dir, names, equivalence_margin)
 display(Markdown(path.read_text()))

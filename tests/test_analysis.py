@@ -175,6 +175,20 @@ def test_equivalence_figure_draws_each_verdict_in_its_colour_and_leaves_skipped_
     assert outcome.get_xlim()[0] <= -0.4 * 1.1 + 1e-9 and process.get_xlim() == pytest.approx((-0.075, 0.075))
 
 
+def test_equivalence_figure_of_two_studies_draws_each_arm_once_per_study_with_the_studys_marker(tmp_path):
+    row = {"regime": "outcome", "estimate": 0.0, "ci_low": -0.02, "ci_high": 0.02, "tost_low": -0.01, "tost_high": 0.01}
+    first = pd.DataFrame([{**row, "arm": "r1", "verdict": "equivalent"}, {**row, "arm": "r2", "verdict": "different"}])
+    second = pd.DataFrame([{**row, "arm": "r1", "verdict": "inconclusive", "ci_high": 0.3},
+                           {**row, "arm": "r2", "verdict": "different"}])
+    (outcome,) = plot_equivalence({"mini": first, "again": second}, 0.05, tmp_path / "both.png").axes
+    assert [t.get_text() for t in outcome.get_yticklabels()] == ["r1", "r2"]
+    estimates = [line for line in outcome.lines if line.get_marker() in ("o", "s")]
+    assert [(line.get_marker(), float(line.get_ydata()[0])) for line in estimates] == [
+        ("o", -0.125), ("o", 0.875), ("s", 0.125), ("s", 1.125)], "each study's arms, one above the other"
+    assert {text.get_text() for text in outcome.get_legend().get_texts()} == {"±0.05 margin", "mini", "again"}
+    assert outcome.get_xlim()[1] >= 0.3, "the wider study's intervals stay in view"
+
+
 def test_one_seed_without_fullft_still_reports(tmp_path):
     for rank in (1, 4):
         write_cell(tmp_path, "distillation", rank, 0, 5 + rank // 4)

@@ -18,7 +18,8 @@ NAMES = ("mini", "again")
 def equivalence(verdicts: dict[tuple[str, str], str]) -> pd.DataFrame:
     """An equivalence table with these verdicts (the differences are the row's index, for telling rows apart)."""
     rows = [{"regime": regime, "arm": arm, "estimate": i / 100, "ci_low": i / 100 - 0.01, "ci_high": i / 100 + 0.01,
-             "verdict": verdict} for i, ((regime, arm), verdict) in enumerate(verdicts.items())]
+             "tost_low": i / 100 - 0.005, "tost_high": i / 100 + 0.005, "verdict": verdict}
+            for i, ((regime, arm), verdict) in enumerate(verdicts.items())]
     return pd.DataFrame(rows)
 
 
@@ -80,16 +81,18 @@ def test_the_notebook_writes_the_report_and_the_verdicts_table(tmp_path):
     report = (again / "replication.md").read_text()
     assert report.startswith("# again against mini") and "**1 of 2 verdicts agree**" in report and "0.300" in report
     assert pd.read_csv(again / "replication.csv")["agree"].tolist() == [True, False]
+    assert "![LoRA − FullFT per rank in both studies" in report and (again / "figures" / "replication.png").is_file()
 
 
 def test_the_committed_default_study_read_against_a_copy_of_itself_agrees_at_every_comparison(tmp_path):
     committed = REPO_ROOT / "outputs" / "mini"
     for name in ("equivalence.csv", "gain.csv"):
         (tmp_path / name).write_bytes((committed / name).read_bytes())
-    report = write_replication_report(committed, tmp_path, ("mini", "copy")).read_text()
+    report = write_replication_report(committed, tmp_path, ("mini", "copy"), margin=0.05).read_text()
     assert "**20 of 20 verdicts agree**." in report, "the committed tables are not read as the analysis writes them"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["equivalence.csv", "gain.csv", "replication.csv",
-                                                          "replication.md"], "it wrote beside the original"
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert written == ["equivalence.csv", "figures/replication.png", "gain.csv", "replication.csv", "replication.md"], (
+        "it wrote beside the original")
 
 
 def test_the_committed_second_world_report_sets_every_verdict_of_both_studies_side_by_side():

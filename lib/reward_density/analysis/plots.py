@@ -201,27 +201,41 @@ FIGURES: dict[str, Callable[[Cells, str | Path], Figure]] = {
 VERDICT_COLORS = {"equivalent": "tab:green", "different": "tab:red", "inconclusive": "tab:gray"}
 
 
-def plot_equivalence(frame: pd.DataFrame, margin: float, path: str | Path) -> Figure:
+STUDY_MARKERS = "osD^v"  # one marker per study when several studies' comparisons share a figure
+
+
+def plot_equivalence(frames: pd.DataFrame | dict[str, pd.DataFrame], margin: float, path: str | Path) -> Figure:
     """Per regime, each LoRA arm's LoRA − FullFT with its TOST interval (thick) and its confidence interval
-    (thin) against the ±margin band, coloured by verdict (an equivalence_table frame; skipped rows left out)."""
-    tested = frame[frame["verdict"] != "skipped"]
-    regimes_ = list(dict.fromkeys(tested["regime"])) or ["no comparison"]
+    (thin) against the ±margin band, coloured by verdict (an equivalence_table frame; skipped rows left out).
+
+    frames: one study's table, or several studies' by name (a replication beside its original): each arm is then
+    drawn once per study, one above the other, with a marker of the study's own."""
+    studies = {"": frames} if isinstance(frames, pd.DataFrame) else frames
+    tested = {name: frame[frame["verdict"] != "skipped"] for name, frame in studies.items()}
+    regimes_ = list(dict.fromkeys(r for frame in tested.values() for r in frame["regime"])) or ["no comparison"]
     fig, axes = _panels(len(regimes_))
     for ax, regime in zip(axes, regimes_):
-        rows = tested[tested["regime"] == regime].reset_index(drop=True)
-        if rows.empty:
+        rows = {name: frame[frame["regime"] == regime] for name, frame in tested.items()}
+        arms_ = list(dict.fromkeys(arm for frame in rows.values() for arm in frame["arm"]))
+        if not arms_:
             _empty(ax, "no LoRA arm paired with FullFT")
             continue
         ax.axvspan(-margin, margin, color="tab:green", alpha=0.1, label=f"±{margin:g} margin")
         ax.axvline(0, color="k", linewidth=0.8)
-        for y, row in rows.iterrows():
-            color = VERDICT_COLORS.get(row["verdict"], "k")
-            ax.plot([row["ci_low"], row["ci_high"]], [y, y], color=color, linewidth=1)
-            ax.plot([row["tost_low"], row["tost_high"]], [y, y], color=color, linewidth=4, solid_capstyle="butt")
-            ax.plot(row["estimate"], y, "o", color="white", markeredgecolor=color)
-        ax.set_yticks(range(len(rows)), [f"{a} ({v})" for a, v in zip(rows["arm"], rows["verdict"])])
-        ax.set_ylim(len(rows) - 0.5, -0.5)
-        reach = max(1.5 * margin, rows[["ci_low", "ci_high"]].abs().max().max() * 1.1)
+        for k, (name, frame) in enumerate(rows.items()):
+            offset = (k - (len(rows) - 1) / 2) * 0.5 / len(rows)
+            for _, row in frame.iterrows():
+                y, color = arms_.index(row["arm"]) + offset, VERDICT_COLORS.get(row["verdict"], "k")
+                ax.plot([row["ci_low"], row["ci_high"]], [y, y], color=color, linewidth=1)
+                ax.plot([row["tost_low"], row["tost_high"]], [y, y], color=color, linewidth=4, solid_capstyle="butt")
+                ax.plot(row["estimate"], y, STUDY_MARKERS[k % len(STUDY_MARKERS)], color="white",
+                        markeredgecolor=color, label=name if name and row["arm"] == arms_[0] else None)
+        single = next(iter(rows.values()))
+        labels = ([f"{a} ({v})" for a, v in zip(single["arm"], single["verdict"])] if len(rows) == 1 else arms_)
+        ax.set_yticks(range(len(arms_)), labels)
+        ax.set_ylim(len(arms_) - 0.5, -0.5)
+        bounds = pd.concat([frame[["ci_low", "ci_high"]] for frame in rows.values()])
+        reach = max(1.5 * margin, bounds.abs().max().max() * 1.1)
         ax.set_xlim(-reach, reach)  # symmetric about 0, the margin always in view
         ax.xaxis.set_major_locator(MaxNLocator(5, symmetric=True))  # few enough ticks for a narrow panel
         ax.set(title=regime, xlabel="LoRA − FullFT, greedy pass@1")

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from .plots import plot_equivalence
 from .tables import Table, markdown_table
 
 SUMMARIES = ("equivalence.csv", "gain.csv")
-REPLICATION_FILES = ("replication.md", "replication.csv")
+REPLICATION_FILES = ("replication.md", "replication.csv", "figures/replication.png")
 
 
 def read_summaries(study_dir: str | Path) -> dict[str, pd.DataFrame]:
@@ -59,19 +60,25 @@ def fullft_gains(original: pd.DataFrame, replication: pd.DataFrame, names: tuple
     return Table(both, markdown_table(header, rows))
 
 
-def write_replication_report(original_dir: str | Path, replication_dir: str | Path, names: tuple[str, str]) -> Path:
-    """replication.md (the two tables) and replication.csv (the verdicts side by side) in replication_dir."""
+def write_replication_report(original_dir: str | Path, replication_dir: str | Path, names: tuple[str, str],
+                             margin: float) -> Path:
+    """replication.md (the two tables and the figure), replication.csv (the verdicts side by side) and
+    figures/replication.png (both studies' intervals, arm by arm, against the margin) in replication_dir."""
     original, replication = read_summaries(original_dir), read_summaries(replication_dir)
     verdicts = verdict_agreement(original["equivalence.csv"], replication["equivalence.csv"], names)
     gains = fullft_gains(original["gain.csv"], replication["gain.csv"], names)
     out = Path(replication_dir)
-    report, table = (out / name for name in REPLICATION_FILES)
+    report, table, figure = (out / name for name in REPLICATION_FILES)
+    plot_equivalence({name: summaries["equivalence.csv"] for name, summaries in zip(names, (original, replication))},
+                     margin, figure)
     report.write_text(
         f"# {names[1]} against {names[0]}\n\n"
         f"The same LoRA-vs-FullFT comparisons in both studies, each at the margin and confidence level it was "
         f"analysed with (its report.md), read from their equivalence.csv and gain.csv. A flip from *equivalent* or "
         f"*different* to *inconclusive* is a loss of power; one between *equivalent* and *different* is a result "
         f"that did not hold.\n\n## Verdicts\n\n{verdicts.markdown}\n"
+        f"![LoRA − FullFT per rank in both studies: TOST interval (thick), confidence interval (thin), "
+        f"±{margin:g} margin (band)](figures/replication.png)\n\n"
         f"## Did training move both? FullFT's gain over its base (the SFT control's on its own skill)\n\n"
         f"{gains.markdown}"
     )

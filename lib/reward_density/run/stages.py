@@ -136,7 +136,8 @@ def stage_analysis(profile: Profile, root: Path) -> None:
         output = outputs / "replication.ipynb"
         run_stage(root / "notebooks" / "replication.py", output,
                   {"profile": profile.name, "outputs_dir": str(outputs), "replicates": original,
-                   "replicates_dir": str(root / "outputs" / original)}, root)
+                   "replicates_dir": str(root / "outputs" / original),
+                   "equivalence_margin": profile.analysis["equivalence_margin"]}, root)
         print(f"comparison: {output}\nreport: {outputs / 'replication.md'}", file=sys.stderr)
 
 
