@@ -182,7 +182,7 @@ def test_equivalence_figure_of_two_studies_draws_each_arm_once_per_study_with_th
                            {**row, "arm": "r2", "verdict": "different"}])
     (outcome,) = plot_equivalence({"mini": first, "again": second}, 0.05, tmp_path / "both.png").axes
     assert [t.get_text() for t in outcome.get_yticklabels()] == ["r1", "r2"]
-    estimates = [line for line in outcome.lines if line.get_marker() in ("o", "s")]
+    estimates = [line for line in outcome.lines if line.get_marker() in ("o", "s") and len(line.get_ydata())]
     assert [(line.get_marker(), float(line.get_ydata()[0])) for line in estimates] == [
         ("o", -0.125), ("o", 0.875), ("s", 0.125), ("s", 1.125)], "each study's arms, one above the other"
     assert {text.get_text() for text in outcome.get_legend().get_texts()} == {"±0.05 margin", "mini", "again"}

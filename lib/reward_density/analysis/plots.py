@@ -228,8 +228,9 @@ def plot_equivalence(frames: pd.DataFrame | dict[str, pd.DataFrame], margin: flo
                 y, color = arms_.index(row["arm"]) + offset, VERDICT_COLORS.get(row["verdict"], "k")
                 ax.plot([row["ci_low"], row["ci_high"]], [y, y], color=color, linewidth=1)
                 ax.plot([row["tost_low"], row["tost_high"]], [y, y], color=color, linewidth=4, solid_capstyle="butt")
-                ax.plot(row["estimate"], y, STUDY_MARKERS[k % len(STUDY_MARKERS)], color="white",
-                        markeredgecolor=color, label=name if name and row["arm"] == arms_[0] else None)
+                ax.plot(row["estimate"], y, STUDY_MARKERS[k % len(STUDY_MARKERS)], color="white", markeredgecolor=color)
+            if name:  # the study's marker in the legend, in black: the colours are the verdicts'
+                ax.plot([], [], STUDY_MARKERS[k % len(STUDY_MARKERS)], color="white", markeredgecolor="k", label=name)
         single = next(iter(rows.values()))
         labels = ([f"{a} ({v})" for a, v in zip(single["arm"], single["verdict"])] if len(rows) == 1 else arms_)
         ax.set_yticks(range(len(arms_)), labels)
@@ -239,7 +240,7 @@ def plot_equivalence(frames: pd.DataFrame | dict[str, pd.DataFrame], margin: flo
         ax.set_xlim(-reach, reach)  # symmetric about 0, the margin always in view
         ax.xaxis.set_major_locator(MaxNLocator(5, symmetric=True))  # few enough ticks for a narrow panel
         ax.set(title=regime, xlabel="LoRA − FullFT, greedy pass@1")
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="best")
     return _save(fig, path)
 
 
