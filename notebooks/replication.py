@@ -25,7 +25,7 @@ replicates_dir = "outputs/mini"  # its outputs (relative paths are taken from th
 equivalence_margin = 0.05  # the band the figure draws
 
 # %%
-from IPython.display import Markdown, display
+from IPython.display import Image, display
 
 from reward_density.analysis import replication
 from reward_density.experiment.profiles import REPO_ROOT
@@ -53,6 +53,13 @@ print(replication.verdict_agreement(original["equivalence.csv"], again["equivale
 # %%
 print(replication.fullft_gains(original["gain.csv"], again["gain.csv"], names).markdown)
 
+# %% [markdown]
+# ## Both studies' intervals, arm by arm
+#
+# The report (replication.md, with the tables above and the verdicts as replication.csv) and this figure: each
+# arm's difference in both studies, coloured by its verdict, against the margin.
+
 # %%
 path = replication.write_replication_report(original_dir, replication_dir, names, equivalence_margin)
-display(Markdown(path.read_text()))
+print("written:", path, path.with_suffix(".csv"))
+display(Image(replication_dir / "figures" / "replication.png"))
