@@ -95,12 +95,14 @@ def test_the_committed_default_study_read_against_a_copy_of_itself_agrees_at_eve
         "it wrote beside the original")
 
 
-def test_the_committed_second_world_report_sets_every_verdict_of_both_studies_side_by_side():
-    committed = pd.read_csv(REPO_ROOT / "outputs" / "mini_world1" / "replication.csv")
-    for study, column in (("mini", "verdict_original"), ("mini_world1", "verdict_replication")):
+@pytest.mark.parametrize("world", ["mini_world1", "mini_world2"])
+def test_a_committed_world_report_sets_every_verdict_of_both_studies_side_by_side(world):
+    committed = pd.read_csv(REPO_ROOT / "outputs" / world / "replication.csv")
+    for study, column in (("mini", "verdict_original"), (world, "verdict_replication")):
         verdicts = pd.read_csv(REPO_ROOT / "outputs" / study / "equivalence.csv")
         assert committed[column].tolist() == verdicts["verdict"].tolist(), (
-            f"outputs/mini_world1/replication.csv does not hold outputs/{study}/equivalence.csv's verdicts: "
-            "run `./run_all.sh --profile mini_world1 --stages analysis`")
+            f"outputs/{world}/replication.csv does not hold outputs/{study}/equivalence.csv's verdicts: "
+            f"run `./run_all.sh --profile {world} --stages analysis`")
+    assert (REPO_ROOT / "outputs" / world / "figures" / "replication.png").is_file()
     assert len(committed) == 20 and (committed["agree"] == (committed["verdict_original"]
                                                             == committed["verdict_replication"])).all()
