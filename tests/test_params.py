@@ -62,6 +62,7 @@ def error_of(tmp_path: Path, data) -> str:
                                          ("mini_process_powered", 126), ("mini_process_stopping", 72),
                                          ("mini_sweep_stopping", 62), ("mini_process_stopping_swept", 72),
                                          ("mini_world1", 96), ("mini_world2", 96),
+                                         ("mini_world2_outcome_seeds", 48),
                                          ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
     profile = load_profile(find_profile(name))
@@ -172,6 +173,20 @@ def test_each_world_replication_is_mini_in_a_world_built_from_a_seed_of_its_own(
         assert replace(other, name=mini.name, world=mini.world, build_world=mini.build_world, kl_bound=mini.kl_bound,
                        path=mini.path, analysis=mini.analysis) == mini, f"{name} differs from mini beyond its world"
         assert {**other.analysis, "replicates": None} == mini.analysis, f"{name} is analysed unlike mini"
+
+
+def test_the_seed_2_worlds_outcome_replication_is_its_study_on_as_many_fresh_seeds_as_its_power_table_asked():
+    study, again = (load_profile(find_profile(name)) for name in ("mini_world2", "mini_world2_outcome_seeds"))
+    projected = pd.read_csv(REPO_ROOT / "outputs" / "mini_world2" / "equivalence.csv").set_index(["regime", "arm"])
+    seeds = again.matrix.seeds["outcome"]
+    assert len(seeds) == projected.loc[("outcome", "r1"), "seeds_needed"], "not the seeds the power table projected"
+    assert not set(seeds) & set(study.matrix.seeds["outcome"]), "it reuses the study's seeds"
+    assert (again.world, again.build_world) == (study.world, study.build_world), "it trains in another world"
+    assert {**again.cell, "sft_batch_size": None} == {**study.cell, "sft_batch_size": None}  # only SFT reads that
+    assert again.matrix.regimes == ("outcome",) and again.analysis["replicates"] == "mini_world2"
+    assert replace(again.matrix, regimes=study.matrix.regimes, seeds=study.matrix.seeds,
+                   learning_rate=study.matrix.learning_rate) == study.matrix
+    assert again.matrix.learning_rate["outcome"] == study.matrix.learning_rate["outcome"]
 
 
 def test_mini_trains_at_the_rates_the_committed_sweep_chose():
