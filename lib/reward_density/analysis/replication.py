@@ -33,8 +33,9 @@ def verdict_agreement(original: pd.DataFrame, replication: pd.DataFrame, names: 
     both = original[keys + columns].merge(replication[keys + columns], on=keys, suffixes=("_original", "_replication"))
     both["agree"] = both["verdict_original"] == both["verdict_replication"]
     only = len(original) + len(replication) - 2 * len(both)
-    rows = [[r.regime, r.arm, _difference(r, "original"), r.verdict_original, _difference(r, "replication"),
-             r.verdict_replication, "yes" if r.agree else "**no**"] for r in both.itertuples()]
+    rows = [[r.regime, r.arm, _with_interval(r, "estimate", "original"), r.verdict_original,
+             _with_interval(r, "estimate", "replication"), r.verdict_replication, "yes" if r.agree else "**no**"]
+            for r in both.itertuples()]
     header = ["regime", "arm", f"{names[0]}: LoRA − FullFT [CI]", "verdict", f"{names[1]}: LoRA − FullFT [CI]",
               "verdict", "agree"]
     summary = f"**{int(both['agree'].sum())} of {len(both)} verdicts agree**"
@@ -42,8 +43,9 @@ def verdict_agreement(original: pd.DataFrame, replication: pd.DataFrame, names: 
     return Table(both, summary + "\n" + markdown_table(header, rows))
 
 
-def _difference(row, study: str) -> str:
-    return (f"{getattr(row, f'estimate_{study}'):+.3f} [{getattr(row, f'ci_low_{study}'):+.3f}, "
+def _with_interval(row, value: str, study: str) -> str:
+    """A merged row's `value` of one study with that study's interval, e.g. '+0.012 [-0.004, +0.028]'."""
+    return (f"{getattr(row, f'{value}_{study}'):+.3f} [{getattr(row, f'ci_low_{study}'):+.3f}, "
             f"{getattr(row, f'ci_high_{study}'):+.3f}]")
 
 
@@ -53,8 +55,7 @@ def fullft_gains(original: pd.DataFrame, replication: pd.DataFrame, names: tuple
     full = [frame[frame["arm"] == "full"][keys + columns] for frame in (original, replication)]
     both = full[0].merge(full[1], on=keys, suffixes=("_original", "_replication"))
     rows = [[r.regime] + [f"{getattr(r, f'base_{s}'):.3f}" for s in ("original", "replication")]
-            + [f"{getattr(r, f'gain_{s}'):+.3f} [{getattr(r, f'ci_low_{s}'):+.3f}, {getattr(r, f'ci_high_{s}'):+.3f}]"
-               for s in ("original", "replication")] for r in both.itertuples()]
+            + [_with_interval(r, "gain", s) for s in ("original", "replication")] for r in both.itertuples()]
     header = ["regime", f"base, {names[0]}", f"base, {names[1]}", f"FullFT gain, {names[0]}",
               f"FullFT gain, {names[1]}"]
     return Table(both, markdown_table(header, rows))

@@ -60,13 +60,14 @@ def _best(by_rate: pd.DataFrame, score: str, needs_plateau: bool) -> tuple[float
     return rate, pool.loc[rate, score], is_plateau(by_rate.loc[rate, "late_share"])
 
 
-def chosen_rates(cells: Cells, by: str = "final") -> Table:
+def chosen_rates(cells: Cells, by: str = "final", table: Table | None = None) -> Table:
     """Per regime: the chosen FullFT and LoRA rates by the criterion `by` (SCORES), their ratio, and each
-    LoRA rank's own best rate. The plateau rule applies only to rates chosen by their final pass@1."""
+    LoRA rank's own best rate; from the cells' sweep_table (`table`, when already computed). The plateau rule
+    applies only to rates chosen by their final pass@1."""
     if by not in SCORES:
         raise ValueError(f"unknown choose_rate_by {by!r}: expected one of {', '.join(SCORES)}")
     column, label = SCORES[by]
-    frame = sweep_table(cells).frame
+    frame = (table or sweep_table(cells)).frame
     rows, lines = [], []
     for regime in regimes(cells):
         of_regime = frame[frame["regime"] == regime]
@@ -107,7 +108,8 @@ def write_sweep_report(cells: Cells, out_dir: str | Path, profile_name: str = ""
     """sweep.csv, chosen_rates.csv and sweep.md under out_dir, the rates chosen by `by`; returns sweep.md's path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    table, chosen = sweep_table(cells), chosen_rates(cells, by)
+    table = sweep_table(cells)
+    chosen = chosen_rates(cells, by, table)
     table.frame.to_csv(out / "sweep.csv", index=False)
     chosen.frame.to_csv(out / "chosen_rates.csv", index=False)
     text = "\n".join([

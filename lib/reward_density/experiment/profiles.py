@@ -328,8 +328,7 @@ class _Validator:
             cluster=self.cluster(data["cluster"]) if "cluster" in data else {},
             matrix=self.matrix(data["matrix"]),
             cell=cell_defaults | self.schema("cell", data.get("cell", {}), cell_checks, cell_defaults),
-            analysis={**ANALYSIS_DEFAULTS,
-                      **self.schema("analysis", data["analysis"], ANALYSIS_SCHEMA, ANALYSIS_DEFAULTS)},
+            analysis=ANALYSIS_DEFAULTS | self.schema("analysis", data["analysis"], ANALYSIS_SCHEMA, ANALYSIS_DEFAULTS),
             kl_bound=kl_bound,
         )
 
