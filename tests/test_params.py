@@ -62,7 +62,8 @@ def error_of(tmp_path: Path, data) -> str:
                                          ("mini_process_powered", 126), ("mini_process_stopping", 72),
                                          ("mini_sweep_stopping", 62), ("mini_process_stopping_swept", 72),
                                          ("mini_world1", 96), ("mini_world2", 96),
-                                         ("mini_world2_outcome_seeds", 48),
+                                         ("mini_world2_outcome_seeds", 48), ("mini_world1_process_stopping_swept", 72),
+                                         ("mini_world2_process_stopping_swept", 72),
                                          ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
     profile = load_profile(find_profile(name))
@@ -173,6 +174,16 @@ def test_each_world_replication_is_mini_in_a_world_built_from_a_seed_of_its_own(
         assert replace(other, name=mini.name, world=mini.world, build_world=mini.build_world, kl_bound=mini.kl_bound,
                        path=mini.path, analysis=mini.analysis) == mini, f"{name} differs from mini beyond its world"
         assert {**other.analysis, "replicates": None} == mini.analysis, f"{name} is analysed unlike mini"
+
+
+@pytest.mark.parametrize("world", WORLD_REPLICATIONS)
+def test_each_worlds_dev_stopped_process_study_is_the_swept_one_in_that_world(world):
+    study, built = (load_profile(find_profile(name)) for name in ("mini_process_stopping_swept", world))
+    again = load_profile(find_profile(f"{world}_process_stopping_swept"))
+    assert (again.world, again.build_world) == (built.world, built.build_world), f"it does not train in {world}'s world"
+    assert again.analysis["replicates"] == study.name, f"its report does not set its verdicts beside {study.name}'s"
+    assert replace(again, name=study.name, world=study.world, build_world=study.build_world, path=study.path,
+                   analysis=study.analysis) == study, f"it differs from {study.name} beyond the world"
 
 
 def test_the_seed_2_worlds_outcome_replication_is_its_study_on_as_many_fresh_seeds_as_its_power_table_asked():
