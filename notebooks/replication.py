@@ -54,12 +54,29 @@ print(replication.verdict_agreement(original["equivalence.csv"], again["equivale
 print(replication.fullft_gains(original["gain.csv"], again["gain.csv"], names).markdown)
 
 # %% [markdown]
+# ## At each arm's dev-chosen step
+#
+# Where both studies stopped each cell at its own best dev evaluation (analysis/stopping.py), their comparisons
+# on the held-out answers at those steps, and where each arm stopped in both. The verdicts above are at the last
+# step.
+
+# %%
+if replication.both_stopped(original, again):
+    print(replication.verdict_agreement(original["equivalence_chosen.csv"], again["equivalence_chosen.csv"],
+                                        names).markdown)
+    print(replication.stopping_steps(original["chosen_steps.csv"], again["chosen_steps.csv"], names).markdown)
+else:
+    print("Not both studies stopped their cells at a dev-chosen step: nothing to compare there.")
+
+# %% [markdown]
 # ## Both studies' intervals, arm by arm
 #
 # The report (replication.md, with the tables above and the verdicts as replication.csv) and this figure: each
-# arm's difference in both studies, coloured by its verdict, against the margin.
+# arm's difference in both studies, coloured by its verdict, against the margin; for two dev-stopped studies a
+# second one at the chosen steps (their verdicts as replication_chosen.csv).
 
 # %%
 path = replication.write_replication_report(original_dir, replication_dir, names, equivalence_margin)
 print("written:", path, path.with_suffix(".csv"))
-display(Image(replication_dir / "figures" / "replication.png"))
+for figure in ("replication.png", "replication_chosen.png")[:1 + replication.both_stopped(original, again)]:
+    display(Image(replication_dir / "figures" / figure))

@@ -6,6 +6,7 @@ import pytest
 from reward_density.analysis.replication import (
     fullft_gains,
     read_summaries,
+    stopping_steps,
     verdict_agreement,
     write_replication_report,
 )
@@ -28,10 +29,22 @@ def gains(base: float, gain: float) -> pd.DataFrame:
                           "ci_low": gain - 0.03, "ci_high": gain + 0.03} for arm in ("r1", "full")])
 
 
-def study(folder, verdicts, base=0.36, gain=0.45):
+def steps(full_step: float) -> pd.DataFrame:
+    """A chosen_steps table of one process study: r1 stopped at step 150, FullFT at full_step."""
+    arms = (("r1", 150.0, 0.7), ("full", full_step, 0.65))
+    return pd.DataFrame([{"regime": "process", "arm": arm, "n_seeds": 4, "step_mean": step, "step_std": 10.0,
+                          "dev_pass1_mean": 0.6, "dev_pass1_std": 0.02, "heldout_pass1_mean": pass1,
+                          "heldout_pass1_std": 0.03} for arm, step, pass1 in arms])
+
+
+def study(folder, verdicts, base=0.36, gain=0.45, chosen=None, full_step=75.0):
+    """A finished study's tables; with chosen (its verdicts at the dev-chosen steps), a dev-stopped study's too."""
     folder.mkdir(parents=True)
     equivalence(verdicts).to_csv(folder / "equivalence.csv", index=False)
     gains(base, gain).to_csv(folder / "gain.csv", index=False)
+    if chosen:
+        equivalence(chosen).to_csv(folder / "equivalence_chosen.csv", index=False)
+        steps(full_step).to_csv(folder / "chosen_steps.csv", index=False)
     return folder
 
 
@@ -62,16 +75,48 @@ def test_fullft_gains_are_set_side_by_side_per_regime():
     assert "+0.450 [+0.420, +0.480]" in table.markdown and "+0.200 [+0.170, +0.230]" in table.markdown
 
 
+def test_where_each_arm_stopped_is_set_side_by_side():
+    table = stopping_steps(steps(75.0), steps(175.0), NAMES)
+    assert table.frame["arm"].tolist() == ["r1", "full"]
+    full = next(line for line in table.markdown.splitlines() if line.startswith("| process | full"))
+    assert "75 ± 10, 0.650 ± 0.030" in full and "175 ± 10, 0.650 ± 0.030" in full
+
+
+def test_two_dev_stopped_studies_are_also_compared_at_their_chosen_steps(tmp_path):
+    last = {("process", "r1"): "different"}
+    original = study(tmp_path / "mini", last, chosen={("process", "r1"): "different"})
+    again = study(tmp_path / "again", last, chosen={("process", "r1"): "equivalent"}, full_step=175.0)
+    report = write_replication_report(original, again, NAMES, margin=0.05).read_text()
+    section = report.split("## At each arm's dev-chosen step")
+    assert len(section) == 2, "no section for the comparisons at the dev-chosen steps"
+    assert "**1 of 1 verdicts agree**" in section[0] and "**0 of 1 verdicts agree**" in section[1], (
+        "the last-step and chosen-step verdicts are not counted apart")
+    assert "175 ± 10" in section[1], "where each arm stopped is missing"
+    assert pd.read_csv(again / "replication_chosen.csv")["verdict_replication"].tolist() == ["equivalent"]
+    assert (again / "figures" / "replication_chosen.png").is_file()
+
+
+def test_a_dev_stopped_study_beside_one_that_is_not_gets_no_chosen_step_section(tmp_path):
+    verdicts = {("process", "r1"): "different"}
+    original = study(tmp_path / "mini", verdicts)
+    again = study(tmp_path / "again", verdicts, chosen=verdicts)
+    report = write_replication_report(original, again, NAMES, margin=0.05).read_text()
+    assert "dev-chosen step" not in report and not (again / "replication_chosen.csv").exists()
+
+
 def test_a_study_without_its_tables_is_named_with_what_to_run(tmp_path):
     (tmp_path / "equivalence.csv").write_text("regime,arm\n")
     with pytest.raises(FileNotFoundError, match=r"has no gain\.csv: run that study's analysis first"):
         read_summaries(tmp_path)
 
 
-def test_the_notebook_writes_the_report_and_the_verdicts_table(tmp_path):
+@pytest.mark.parametrize("stopped", [False, True])
+def test_the_notebook_writes_the_report_and_the_verdicts_table(tmp_path, stopped):
     verdicts = {("outcome", "r1"): "equivalent", ("process", "r1"): "inconclusive"}
-    original = study(tmp_path / "outputs" / "mini", verdicts)
-    again = study(tmp_path / "outputs" / "again", {**verdicts, ("process", "r1"): "different"}, base=0.30)
+    chosen = {("process", "r1"): "different"} if stopped else None
+    original = study(tmp_path / "outputs" / "mini", verdicts, chosen=chosen)
+    again = study(tmp_path / "outputs" / "again", {**verdicts, ("process", "r1"): "different"}, base=0.30,
+                  chosen=chosen)
     execute_notebook(REPO_ROOT / "notebooks" / "replication.py", tmp_path / "run.ipynb",
                      {"profile": "again", "outputs_dir": str(again), "replicates": "mini",
                       "replicates_dir": str(original)})
@@ -82,6 +127,8 @@ def test_the_notebook_writes_the_report_and_the_verdicts_table(tmp_path):
     assert report.startswith("# again against mini") and "**1 of 2 verdicts agree**" in report and "0.300" in report
     assert pd.read_csv(again / "replication.csv")["agree"].tolist() == [True, False]
     assert "![LoRA − FullFT per rank in both studies" in report and (again / "figures" / "replication.png").is_file()
+    assert ("**1 of 1 verdicts agree**" in printed) == stopped, "the chosen-step verdicts are not shown as expected"
+    assert (again / "figures" / "replication_chosen.png").is_file() == stopped
 
 
 def test_the_committed_default_study_read_against_a_copy_of_itself_agrees_at_every_comparison(tmp_path):

@@ -2,7 +2,8 @@
 study it replicates: verdict by verdict, and the FullFT gains that say whether RL learned in both.
 
 Both are read from the studies' own tables (equivalence.csv, gain.csv, written by their analyses), so the original
-study's cells need not be on disk: its committed summaries are enough.
+study's cells need not be on disk: its committed summaries are enough. Where both stopped each cell at its best dev
+step (stopping.py), their comparisons at those steps are set side by side too.
 """
 from __future__ import annotations
 
@@ -14,16 +15,26 @@ from .plots import plot_equivalence
 from .tables import Table, markdown_table
 
 SUMMARIES = ("equivalence.csv", "gain.csv")
+STOPPING_SUMMARIES = ("equivalence_chosen.csv", "chosen_steps.csv")  # a dev-stopped study's (report.py), if any
 REPLICATION_FILES = ("replication.md", "replication.csv", "figures/replication.png")
+STOPPING_FILES = ("replication_chosen.csv", "figures/replication_chosen.png")
 
 
 def read_summaries(study_dir: str | Path) -> dict[str, pd.DataFrame]:
-    """A finished study's equivalence and gain tables, by file name; a missing one is an error naming it."""
+    """A finished study's equivalence and gain tables, and its dev-stopped ones where it has them, by file name;
+    a missing equivalence or gain table is an error naming it."""
     folder = Path(study_dir)
     missing = [name for name in SUMMARIES if not (folder / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{folder} has no {' or '.join(missing)}: run that study's analysis first")
-    return {name: pd.read_csv(folder / name) for name in SUMMARIES}
+    present = [*SUMMARIES, *(name for name in STOPPING_SUMMARIES if (folder / name).is_file())]
+    return {name: pd.read_csv(folder / name) for name in present}
+
+
+def both_stopped(original: dict[str, pd.DataFrame], replication: dict[str, pd.DataFrame]) -> bool:
+    """Whether both studies stopped each cell at its best dev step, so their comparisons there can be set side by
+    side."""
+    return all(name in summaries for name in STOPPING_SUMMARIES for summaries in (original, replication))
 
 
 def verdict_agreement(original: pd.DataFrame, replication: pd.DataFrame, names: tuple[str, str]) -> Table:
@@ -61,6 +72,19 @@ def fullft_gains(original: pd.DataFrame, replication: pd.DataFrame, names: tuple
     return Table(both, markdown_table(header, rows))
 
 
+def stopping_steps(original: pd.DataFrame, replication: pd.DataFrame, names: tuple[str, str]) -> Table:
+    """Each arm of two dev-stopped studies (their chosen_steps tables): where it stopped and its held-out pass@1
+    there, mean ± sd over seeds, in both."""
+    keys, columns = ["regime", "arm"], ["step_mean", "step_std", "heldout_pass1_mean", "heldout_pass1_std"]
+    both = original[keys + columns].merge(replication[keys + columns], on=keys, suffixes=("_original", "_replication"))
+    rows = [[r.regime, r.arm]
+            + [f"{getattr(r, f'step_mean_{s}'):.0f} ± {getattr(r, f'step_std_{s}'):.0f}, "
+               f"{getattr(r, f'heldout_pass1_mean_{s}'):.3f} ± {getattr(r, f'heldout_pass1_std_{s}'):.3f}"
+               for s in ("original", "replication")] for r in both.itertuples()]
+    header = ["regime", "arm", f"{names[0]}: step, held-out pass@1", f"{names[1]}: step, held-out pass@1"]
+    return Table(both, markdown_table(header, rows))
+
+
 def write_replication_report(original_dir: str | Path, replication_dir: str | Path, names: tuple[str, str],
                              margin: float) -> Path:
     """replication.md (the two tables and the figure), replication.csv (the verdicts side by side) and
@@ -82,6 +106,23 @@ def write_replication_report(original_dir: str | Path, replication_dir: str | Pa
         f"±{margin:g} margin (band)](figures/replication.png)\n\n"
         f"## Did training move both? FullFT's gain over its base (the SFT control's on its own skill)\n\n"
         f"{gains.markdown}"
+        + (_stopping_section(original, replication, names, margin, out) if both_stopped(original, replication) else "")
     )
     verdicts.frame.to_csv(table, index=False)
     return report
+
+
+def _stopping_section(original: dict[str, pd.DataFrame], replication: dict[str, pd.DataFrame],
+                      names: tuple[str, str], margin: float, out: Path) -> str:
+    """The report's section on two dev-stopped studies, its verdicts (replication_chosen.csv) and figure written."""
+    chosen = "equivalence_chosen.csv"
+    verdicts = verdict_agreement(original[chosen], replication[chosen], names)
+    steps = stopping_steps(original["chosen_steps.csv"], replication["chosen_steps.csv"], names)
+    table, figure = (out / name for name in STOPPING_FILES)
+    verdicts.frame.to_csv(table, index=False)
+    plot_equivalence({name: summaries[chosen] for name, summaries in zip(names, (original, replication))},
+                     margin, figure)
+    return (f"\n## At each arm's dev-chosen step\n\nBoth studies stopped each cell at its own best dev evaluation "
+            f"and compared LoRA with FullFT on the held-out answers there (the verdicts above are at the last step)."
+            f"\n\n{verdicts.markdown}\n![LoRA − FullFT at the dev-chosen steps in both studies](figures/"
+            f"replication_chosen.png)\n\nWhere each arm stopped (mean ± sd over seeds):\n\n{steps.markdown}")
