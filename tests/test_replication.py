@@ -142,16 +142,26 @@ def test_the_committed_default_study_read_against_a_copy_of_itself_agrees_at_eve
         "it wrote beside the original")
 
 
-@pytest.mark.parametrize("original, replication", [("mini", "mini_world1"), ("mini", "mini_world2"),
-                                                    ("mini_world2", "mini_world2_outcome_seeds")])
+COMMITTED_REPLICATIONS = [("mini", "mini_world1"), ("mini", "mini_world2"),
+                          ("mini_world2", "mini_world2_outcome_seeds"),
+                          ("mini_process_stopping_swept", "mini_world1_process_stopping_swept"),
+                          ("mini_process_stopping_swept", "mini_world2_process_stopping_swept")]
+
+
+@pytest.mark.parametrize("original, replication", COMMITTED_REPLICATIONS)
 def test_a_committed_replication_report_sets_every_shared_verdict_of_both_studies_side_by_side(original, replication):
-    committed = pd.read_csv(REPO_ROOT / "outputs" / replication / "replication.csv").set_index(["regime", "arm"])
-    for study, column in ((original, "verdict_original"), (replication, "verdict_replication")):
-        verdicts = pd.read_csv(REPO_ROOT / "outputs" / study / "equivalence.csv").set_index(["regime", "arm"])
-        assert committed[column].to_dict() == verdicts["verdict"].loc[committed.index].to_dict(), (
-            f"outputs/{replication}/replication.csv does not hold outputs/{study}/equivalence.csv's verdicts: "
-            f"run `./run_all.sh --profile {replication} --stages analysis`")
-    shared = len(pd.read_csv(REPO_ROOT / "outputs" / replication / "equivalence.csv"))
-    assert len(committed) == shared, "a comparison both studies made is missing"
-    assert (committed["agree"] == (committed["verdict_original"] == committed["verdict_replication"])).all()
-    assert (REPO_ROOT / "outputs" / replication / "figures" / "replication.png").is_file()
+    folder = REPO_ROOT / "outputs" / replication
+    compared = {"replication": "equivalence"}
+    if (REPO_ROOT / "outputs" / original / "equivalence_chosen.csv").is_file():
+        compared["replication_chosen"] = "equivalence_chosen"  # two dev-stopped studies: at the chosen steps too
+    for written, source in compared.items():
+        committed = pd.read_csv(folder / f"{written}.csv").set_index(["regime", "arm"])
+        for study, column in ((original, "verdict_original"), (replication, "verdict_replication")):
+            verdicts = pd.read_csv(REPO_ROOT / "outputs" / study / f"{source}.csv").set_index(["regime", "arm"])
+            assert committed[column].to_dict() == verdicts["verdict"].loc[committed.index].to_dict(), (
+                f"outputs/{replication}/{written}.csv does not hold outputs/{study}/{source}.csv's verdicts: "
+                f"run `./run_all.sh --profile {replication} --stages analysis`")
+        shared = len(pd.read_csv(folder / f"{source}.csv"))
+        assert len(committed) == shared, f"{written}.csv misses a comparison both studies made"
+        assert (committed["agree"] == (committed["verdict_original"] == committed["verdict_replication"])).all()
+        assert (folder / "figures" / f"{written}.png").is_file()
