@@ -64,6 +64,7 @@ def error_of(tmp_path: Path, data) -> str:
                                          ("mini_world1", 96), ("mini_world2", 96),
                                          ("mini_world2_outcome_seeds", 48), ("mini_world1_process_stopping_swept", 72),
                                          ("mini_world2_process_stopping_swept", 72),
+                                         ("mini_process_stopping_swept_seeds", 72),
                                          ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
     profile = load_profile(find_profile(name))
@@ -185,6 +186,21 @@ def test_each_worlds_dev_stopped_process_study_is_the_swept_one_in_that_world(wo
     assert again.analysis["replicates"] == study.name, f"its report does not set its verdicts beside {study.name}'s"
     assert replace(again, name=study.name, world=study.world, build_world=study.build_world, path=study.path,
                    analysis=study.analysis) == study, f"it differs from {study.name} beyond the world"
+
+
+def test_the_swept_stopping_run_on_fresh_seeds_is_that_run_on_as_many_seeds_none_an_earlier_study_ran():
+    study, again = (load_profile(find_profile(name))
+                    for name in ("mini_process_stopping_swept", "mini_process_stopping_swept_seeds"))
+    seeds, earlier = again.matrix.seeds["process"], set()
+    for path in sorted((REPO_ROOT / "params").glob("mini*.yaml")):
+        other = load_profile(path)
+        if other.name != again.name and other.world == again.world:
+            earlier |= {seed for ran in other.matrix.seeds.values() for seed in ran}
+    assert len(seeds) == len(study.matrix.seeds["process"]), "not as many seeds as the study it replicates"
+    assert not set(seeds) & earlier, f"seeds {sorted(set(seeds) & earlier)} already ran in this world"
+    assert again.analysis["replicates"] == study.name
+    assert replace(again, name=study.name, matrix=replace(again.matrix, seeds=study.matrix.seeds), path=study.path,
+                   analysis=study.analysis) == study, f"it differs from {study.name} beyond its seeds"
 
 
 def test_the_seed_2_worlds_outcome_replication_is_its_study_on_as_many_fresh_seeds_as_its_power_table_asked():
