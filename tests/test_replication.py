@@ -145,7 +145,8 @@ def test_the_committed_default_study_read_against_a_copy_of_itself_agrees_at_eve
 COMMITTED_REPLICATIONS = [("mini", "mini_world1"), ("mini", "mini_world2"),
                           ("mini_world2", "mini_world2_outcome_seeds"),
                           ("mini_process_stopping_swept", "mini_world1_process_stopping_swept"),
-                          ("mini_process_stopping_swept", "mini_world2_process_stopping_swept")]
+                          ("mini_process_stopping_swept", "mini_world2_process_stopping_swept"),
+                          ("mini_process_stopping_swept", "mini_process_stopping_swept_seeds")]
 
 
 @pytest.mark.parametrize("original, replication", COMMITTED_REPLICATIONS)
