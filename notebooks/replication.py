@@ -78,5 +78,6 @@ else:
 # %%
 path = replication.write_replication_report(original_dir, replication_dir, names, equivalence_margin)
 print("written:", path, path.with_suffix(".csv"))
-for figure in ("replication.png", "replication_chosen.png")[:1 + replication.both_stopped(original, again)]:
+figures = ["replication.png"] + (["replication_chosen.png"] if replication.both_stopped(original, again) else [])
+for figure in figures:
     display(Image(replication_dir / "figures" / figure))

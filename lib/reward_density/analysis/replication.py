@@ -88,12 +88,15 @@ def stopping_steps(original: pd.DataFrame, replication: pd.DataFrame, names: tup
 def write_replication_report(original_dir: str | Path, replication_dir: str | Path, names: tuple[str, str],
                              margin: float) -> Path:
     """replication.md (the two tables and the figure), replication.csv (the verdicts side by side) and
-    figures/replication.png (both studies' intervals, arm by arm, against the margin) in replication_dir."""
+    figures/replication.png (both studies' intervals, arm by arm, against the margin) in replication_dir; for two
+    dev-stopped studies also their comparisons at the chosen steps (a section, replication_chosen.csv and .png)."""
     original, replication = read_summaries(original_dir), read_summaries(replication_dir)
     verdicts = verdict_agreement(original["equivalence.csv"], replication["equivalence.csv"], names)
     gains = fullft_gains(original["gain.csv"], replication["gain.csv"], names)
     out = Path(replication_dir)
     report, table, figure = (out / name for name in REPLICATION_FILES)
+    stopping = (_stopping_section(original, replication, names, margin, out)
+                if both_stopped(original, replication) else "")
     plot_equivalence({name: summaries["equivalence.csv"] for name, summaries in zip(names, (original, replication))},
                      margin, figure)
     report.write_text(
@@ -105,8 +108,7 @@ def write_replication_report(original_dir: str | Path, replication_dir: str | Pa
         f"![LoRA − FullFT per rank in both studies: TOST interval (thick), confidence interval (thin), "
         f"±{margin:g} margin (band)](figures/replication.png)\n\n"
         f"## Did training move both? FullFT's gain over its base (the SFT control's on its own skill)\n\n"
-        f"{gains.markdown}"
-        + (_stopping_section(original, replication, names, margin, out) if both_stopped(original, replication) else "")
+        f"{gains.markdown}{stopping}"
     )
     verdicts.frame.to_csv(table, index=False)
     return report

@@ -253,10 +253,6 @@ def _build_tokenizer(ctx: _Context) -> dict[str, Any]:
     return {"vocab_size": len(tokenizer)}
 
 
-def _closest_to(target: float, snapshots: list[tuple[float, dict]]) -> tuple[float, dict]:
-    return min(snapshots, key=lambda s: abs(s[0] - target))
-
-
 def _pretrain_lm(ctx: _Context, name: str, spec: ModelSpec, clean: bool, training: SupervisedConfig,
                  stop_at: float, pick: Callable[[list[tuple[float, dict]]], tuple[float, dict]]) -> dict[str, Any]:
     """Pretrain a fresh Qwen3 on the training traces until dev greedy pass@1 reaches stop_at (selection never
