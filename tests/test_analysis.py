@@ -4,6 +4,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
 
 from reward_density.analysis.load import arms, load_cells, regimes
@@ -180,12 +181,16 @@ def test_equivalence_figure_of_two_studies_draws_each_arm_once_per_study_with_th
     first = pd.DataFrame([{**row, "arm": "r1", "verdict": "equivalent"}, {**row, "arm": "r2", "verdict": "different"}])
     second = pd.DataFrame([{**row, "arm": "r1", "verdict": "inconclusive", "ci_high": 0.3},
                            {**row, "arm": "r2", "verdict": "different"}])
-    (outcome,) = plot_equivalence({"mini": first, "again": second}, 0.05, tmp_path / "both.png").axes
+    fig = plot_equivalence({"mini": first, "again": second}, 0.05, tmp_path / "both.png")
+    (outcome,) = fig.axes
     assert [t.get_text() for t in outcome.get_yticklabels()] == ["r1", "r2"]
     estimates = [line for line in outcome.lines if line.get_marker() in ("o", "s") and len(line.get_ydata())]
     assert [(line.get_marker(), float(line.get_ydata()[0])) for line in estimates] == [
         ("o", -0.125), ("o", 0.875), ("s", 0.125), ("s", 1.125)], "each study's arms, one above the other"
     assert {text.get_text() for text in outcome.get_legend().get_texts()} == {"±0.05 margin", "mini", "again"}
+    renderer = FigureCanvasAgg(fig).get_renderer()  # the saved figure is closed: draw it on a canvas of its own
+    legend, panel = outcome.get_legend().get_window_extent(renderer), outcome.get_window_extent(renderer)
+    assert legend.y1 <= panel.y0, "the studies' legend covers the panel's intervals"
     assert outcome.get_xlim()[1] >= 0.3, "the wider study's intervals stay in view"
 
 

@@ -209,7 +209,7 @@ def plot_equivalence(frames: pd.DataFrame | dict[str, pd.DataFrame], margin: flo
     (thin) against the ±margin band, coloured by verdict (an equivalence_table frame; skipped rows left out).
 
     frames: one study's table, or several studies' by name (a replication beside its original): each arm is then
-    drawn once per study, one above the other, with a marker of the study's own."""
+    drawn once per study, one above the other, with a marker of the study's own (named in a legend below)."""
     studies = {"": frames} if isinstance(frames, pd.DataFrame) else frames
     tested = {name: frame[frame["verdict"] != "skipped"] for name, frame in studies.items()}
     regimes_ = list(dict.fromkeys(r for frame in tested.values() for r in frame["regime"])) or ["no comparison"]
@@ -240,7 +240,10 @@ def plot_equivalence(frames: pd.DataFrame | dict[str, pd.DataFrame], margin: flo
         ax.set_xlim(-reach, reach)  # symmetric about 0, the margin always in view
         ax.xaxis.set_major_locator(MaxNLocator(5, symmetric=True))  # few enough ticks for a narrow panel
         ax.set(title=regime, xlabel="LoRA − FullFT, greedy pass@1")
-        ax.legend(fontsize=7, loc="best")
+        if len(rows) == 1:
+            ax.legend(fontsize=7, loc="best")
+        else:  # below the panel: inside, the studies' entries would cover an arm's intervals
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     return _save(fig, path)
 
 
