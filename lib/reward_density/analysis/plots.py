@@ -223,14 +223,14 @@ def plot_equivalence(frames: pd.DataFrame | dict[str, pd.DataFrame], margin: flo
         ax.axvspan(-margin, margin, color="tab:green", alpha=0.1, label=f"±{margin:g} margin")
         ax.axvline(0, color="k", linewidth=0.8)
         for k, (name, frame) in enumerate(rows.items()):
-            offset = (k - (len(rows) - 1) / 2) * 0.5 / len(rows)
+            offset, marker = (k - (len(rows) - 1) / 2) * 0.5 / len(rows), STUDY_MARKERS[k % len(STUDY_MARKERS)]
             for _, row in frame.iterrows():
                 y, color = arms_.index(row["arm"]) + offset, VERDICT_COLORS.get(row["verdict"], "k")
                 ax.plot([row["ci_low"], row["ci_high"]], [y, y], color=color, linewidth=1)
                 ax.plot([row["tost_low"], row["tost_high"]], [y, y], color=color, linewidth=4, solid_capstyle="butt")
-                ax.plot(row["estimate"], y, STUDY_MARKERS[k % len(STUDY_MARKERS)], color="white", markeredgecolor=color)
+                ax.plot(row["estimate"], y, marker, color="white", markeredgecolor=color)
             if name:  # the study's marker in the legend, in black: the colours are the verdicts'
-                ax.plot([], [], STUDY_MARKERS[k % len(STUDY_MARKERS)], color="white", markeredgecolor="k", label=name)
+                ax.plot([], [], marker, color="white", markeredgecolor="k", label=name)
         single = next(iter(rows.values()))
         labels = ([f"{a} ({v})" for a, v in zip(single["arm"], single["verdict"])] if len(rows) == 1 else arms_)
         ax.set_yticks(range(len(arms_)), labels)

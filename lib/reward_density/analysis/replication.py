@@ -18,6 +18,7 @@ SUMMARIES = ("equivalence.csv", "gain.csv")
 STOPPING_SUMMARIES = ("equivalence_chosen.csv", "chosen_steps.csv")  # a dev-stopped study's (report.py), if any
 REPLICATION_FILES = ("replication.md", "replication.csv", "figures/replication.png")
 STOPPING_FILES = ("replication_chosen.csv", "figures/replication_chosen.png")
+STUDIES = ("original", "replication")  # the suffixes of each study's columns once both are side by side
 
 
 def read_summaries(study_dir: str | Path) -> dict[str, pd.DataFrame]:
@@ -37,11 +38,17 @@ def both_stopped(original: dict[str, pd.DataFrame], replication: dict[str, pd.Da
     return all(name in summaries for name in STOPPING_SUMMARIES for summaries in (original, replication))
 
 
+def _side_by_side(original: pd.DataFrame, replication: pd.DataFrame, keys: list[str],
+                  columns: list[str]) -> pd.DataFrame:
+    """The rows both tables have (by keys), each study's columns suffixed with its name in STUDIES."""
+    suffixes = tuple(f"_{study}" for study in STUDIES)
+    return original[keys + columns].merge(replication[keys + columns], on=keys, suffixes=suffixes)
+
+
 def verdict_agreement(original: pd.DataFrame, replication: pd.DataFrame, names: tuple[str, str]) -> Table:
     """Every LoRA-vs-FullFT comparison both equivalence tables made: both differences and verdicts, and whether
     the verdicts agree; comparisons made by one study only are counted, not compared."""
-    keys, columns = ["regime", "arm"], ["estimate", "ci_low", "ci_high", "verdict"]
-    both = original[keys + columns].merge(replication[keys + columns], on=keys, suffixes=("_original", "_replication"))
+    both = _side_by_side(original, replication, ["regime", "arm"], ["estimate", "ci_low", "ci_high", "verdict"])
     both["agree"] = both["verdict_original"] == both["verdict_replication"]
     only = len(original) + len(replication) - 2 * len(both)
     rows = [[r.regime, r.arm, _with_interval(r, "estimate", "original"), r.verdict_original,
@@ -62,11 +69,10 @@ def _with_interval(row, value: str, study: str) -> str:
 
 def fullft_gains(original: pd.DataFrame, replication: pd.DataFrame, names: tuple[str, str]) -> Table:
     """Each regime's FullFT arm in both studies: its base pass@1 and its gain over it with the interval."""
-    keys, columns = ["regime"], ["base", "gain", "ci_low", "ci_high"]
-    full = [frame[frame["arm"] == "full"][keys + columns] for frame in (original, replication)]
-    both = full[0].merge(full[1], on=keys, suffixes=("_original", "_replication"))
-    rows = [[r.regime] + [f"{getattr(r, f'base_{s}'):.3f}" for s in ("original", "replication")]
-            + [_with_interval(r, "gain", s) for s in ("original", "replication")] for r in both.itertuples()]
+    full = [frame[frame["arm"] == "full"] for frame in (original, replication)]
+    both = _side_by_side(*full, ["regime"], ["base", "gain", "ci_low", "ci_high"])
+    rows = [[r.regime] + [f"{getattr(r, f'base_{s}'):.3f}" for s in STUDIES]
+            + [_with_interval(r, "gain", s) for s in STUDIES] for r in both.itertuples()]
     header = ["regime", f"base, {names[0]}", f"base, {names[1]}", f"FullFT gain, {names[0]}",
               f"FullFT gain, {names[1]}"]
     return Table(both, markdown_table(header, rows))
@@ -75,12 +81,12 @@ def fullft_gains(original: pd.DataFrame, replication: pd.DataFrame, names: tuple
 def stopping_steps(original: pd.DataFrame, replication: pd.DataFrame, names: tuple[str, str]) -> Table:
     """Each arm of two dev-stopped studies (their chosen_steps tables): where it stopped and its held-out pass@1
     there, mean ± sd over seeds, in both."""
-    keys, columns = ["regime", "arm"], ["step_mean", "step_std", "heldout_pass1_mean", "heldout_pass1_std"]
-    both = original[keys + columns].merge(replication[keys + columns], on=keys, suffixes=("_original", "_replication"))
+    both = _side_by_side(original, replication, ["regime", "arm"],
+                         ["step_mean", "step_std", "heldout_pass1_mean", "heldout_pass1_std"])
     rows = [[r.regime, r.arm]
             + [f"{getattr(r, f'step_mean_{s}'):.0f} ± {getattr(r, f'step_std_{s}'):.0f}, "
                f"{getattr(r, f'heldout_pass1_mean_{s}'):.3f} ± {getattr(r, f'heldout_pass1_std_{s}'):.3f}"
-               for s in ("original", "replication")] for r in both.itertuples()]
+               for s in STUDIES] for r in both.itertuples()]
     header = ["regime", "arm", f"{names[0]}: step, held-out pass@1", f"{names[1]}: step, held-out pass@1"]
     return Table(both, markdown_table(header, rows))
 
@@ -91,14 +97,12 @@ def write_replication_report(original_dir: str | Path, replication_dir: str | Pa
     figures/replication.png (both studies' intervals, arm by arm, against the margin) in replication_dir; for two
     dev-stopped studies also their comparisons at the chosen steps (a section, replication_chosen.csv and .png)."""
     original, replication = read_summaries(original_dir), read_summaries(replication_dir)
-    verdicts = verdict_agreement(original["equivalence.csv"], replication["equivalence.csv"], names)
-    gains = fullft_gains(original["gain.csv"], replication["gain.csv"], names)
     out = Path(replication_dir)
     report, table, figure = (out / name for name in REPLICATION_FILES)
+    verdicts = _write_comparison(original, replication, "equivalence.csv", names, margin, table, figure)
+    gains = fullft_gains(original["gain.csv"], replication["gain.csv"], names)
     stopping = (_stopping_section(original, replication, names, margin, out)
                 if both_stopped(original, replication) else "")
-    plot_equivalence({name: summaries["equivalence.csv"] for name, summaries in zip(names, (original, replication))},
-                     margin, figure)
     report.write_text(
         f"# {names[1]} against {names[0]}\n\n"
         f"The same LoRA-vs-FullFT comparisons in both studies, each at the margin and confidence level it was "
@@ -110,20 +114,26 @@ def write_replication_report(original_dir: str | Path, replication_dir: str | Pa
         f"## Did training move both? FullFT's gain over its base (the SFT control's on its own skill)\n\n"
         f"{gains.markdown}{stopping}"
     )
-    verdicts.frame.to_csv(table, index=False)
     return report
+
+
+def _write_comparison(original: dict[str, pd.DataFrame], replication: dict[str, pd.DataFrame], summary: str,
+                      names: tuple[str, str], margin: float, table: Path, figure: Path) -> Table:
+    """Both studies' verdicts in one of their equivalence tables (`summary`): written side by side to `table` and
+    drawn, arm by arm against the margin, to `figure`."""
+    verdicts = verdict_agreement(original[summary], replication[summary], names)
+    verdicts.frame.to_csv(table, index=False)
+    plot_equivalence({name: summaries[summary] for name, summaries in zip(names, (original, replication))},
+                     margin, figure)
+    return verdicts
 
 
 def _stopping_section(original: dict[str, pd.DataFrame], replication: dict[str, pd.DataFrame],
                       names: tuple[str, str], margin: float, out: Path) -> str:
     """The report's section on two dev-stopped studies, its verdicts (replication_chosen.csv) and figure written."""
-    chosen = "equivalence_chosen.csv"
-    verdicts = verdict_agreement(original[chosen], replication[chosen], names)
-    steps = stopping_steps(original["chosen_steps.csv"], replication["chosen_steps.csv"], names)
     table, figure = (out / name for name in STOPPING_FILES)
-    verdicts.frame.to_csv(table, index=False)
-    plot_equivalence({name: summaries[chosen] for name, summaries in zip(names, (original, replication))},
-                     margin, figure)
+    verdicts = _write_comparison(original, replication, "equivalence_chosen.csv", names, margin, table, figure)
+    steps = stopping_steps(original["chosen_steps.csv"], replication["chosen_steps.csv"], names)
     return (f"\n## At each arm's dev-chosen step\n\nBoth studies stopped each cell at its own best dev evaluation "
             f"and compared LoRA with FullFT on the held-out answers there (the verdicts above are at the last step)."
             f"\n\n{verdicts.markdown}\n![LoRA − FullFT at the dev-chosen steps in both studies](figures/"
