@@ -10,7 +10,7 @@ from .load import Cells, arm_name, arms, ranks
 from .plots import FIGURES, plot_equivalence
 from .speed import speed_markdown
 from .stopping import answers_at_chosen_steps, chosen_table
-from .tables import accuracy_table, equivalence_table, gain_table, power_markdown
+from .tables import Table, accuracy_table, equivalence_table, gain_table, power_markdown
 
 
 def matrix_counts(cells: Cells) -> dict:
@@ -73,25 +73,49 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
     """Write the tables (CSV and markdown), the figures and report.md under out_dir; return report.md's path."""
     out = Path(out_dir)
     (out / "figures").mkdir(parents=True, exist_ok=True)
-    accuracy, gain = accuracy_table(cells), gain_table(cells, confidence)
-    equivalence = equivalence_table(cells, margin, confidence)
-    plateau, collapse, kl = plateau_table(cells), collapse_table(cells), kl_table(cells, confidence)
-    for name, table in (("accuracy", accuracy), ("gain", gain), ("equivalence", equivalence), ("plateau", plateau),
-                        ("collapse", collapse), ("kl", kl)):
+    tables = report_tables(cells, margin, confidence)
+    for name, table in tables.items():
         table.frame.to_csv(out / f"{name}.csv", index=False)
-    (out / "accuracy.md").write_text(accuracy.markdown)
-    plot_equivalence(equivalence.frame, margin, out / "figures" / f"{EQUIVALENCE_FIGURE}.png")
+    (out / "accuracy.md").write_text(tables["accuracy"].markdown)
+    plot_equivalence(tables["equivalence"].frame, margin, out / "figures" / f"{EQUIVALENCE_FIGURE}.png")
     for name, plot in FIGURES.items():
         plot(cells, out / "figures" / f"{name}.png")
+    report = out / "report.md"
+    report.write_text("\n".join([*_header(cells, profile_name), *_comparison_sections(tables, margin, confidence),
+                                 *_dynamics_sections(tables, out, confidence)]))
+    return report
+
+
+def report_tables(cells: Cells, margin: float, confidence: float) -> dict[str, Table]:
+    """Every table of the report under its file name; the dev-chosen-step ones only when cells scored dev problems."""
+    tables = {"accuracy": accuracy_table(cells), "gain": gain_table(cells, confidence),
+              "equivalence": equivalence_table(cells, margin, confidence), "plateau": plateau_table(cells),
+              "collapse": collapse_table(cells), "kl": kl_table(cells, confidence)}
+    if not cells.dev_evals.empty:
+        answers = answers_at_chosen_steps(cells)
+        tables |= {"chosen_steps": chosen_table(cells, answers),
+                   "equivalence_chosen": equivalence_table(cells, margin, confidence, answers=answers)}
+    return tables
+
+
+def _header(cells: Cells, profile_name: str) -> list[str]:
+    """The title, what ran, and the ranks."""
     counts = matrix_counts(cells)
-    tost_level = 1 - 2 * (1 - confidence)
-    text = "\n".join([
+    return [
         f"# Reward density vs LoRA rank: analysis ({profile_name or 'unnamed profile'})",
         "",
-        f"Finished cells: {counts['finished']} of {counts['matrix']} = {counts['regimes']} regimes × {counts['arms']} arms × "
-        f"{seeds_phrase(counts['seeds'])} seeds seen in cells/ (unfinished folders: {counts['unfinished']}).",
+        f"Finished cells: {counts['finished']} of {counts['matrix']} = {counts['regimes']} regimes × "
+        f"{counts['arms']} arms × {seeds_phrase(counts['seeds'])} seeds seen in cells/ "
+        f"(unfinished folders: {counts['unfinished']}).",
         _ranks_sentence(cells),
         "",
+    ]
+
+
+def _comparison_sections(tables: dict[str, Table], margin: float, confidence: float) -> list[str]:
+    """Accuracy, gain over base, LoRA against FullFT and its power, and the same at the dev-chosen steps."""
+    tost_level = 1 - 2 * (1 - confidence)
+    return [
         "## Greedy pass@1 (mean ± sd over seeds)",
         "",
         "Columns are arms; `base` is the model before training (step-0 evaluation). "
@@ -99,51 +123,57 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
         "`curve_problems`) and at the end of training. "
         "`sft` is the positive control: supervised steps on a skill the base lacks, evaluated on that skill.",
         "",
-        accuracy.markdown,
+        tables["accuracy"].markdown,
         "## Did training move pass@1? Final minus base",
         "",
         f"Each cell's final answers minus its own step-0 answers, paired over seeds and held-out problems; "
         f"{confidence:.0%} {INTERVAL}; * where the interval excludes 0.",
         "",
-        gain.markdown,
+        tables["gain"].markdown,
         "## Equivalence of LoRA and FullFT",
         "",
-        f"LoRA minus FullFT, paired over seeds and held-out problems at each cell's final evaluation; {confidence:.0%} "
-        f"{INTERVAL}. TOST at margin ±{margin:g}: equivalent when the {tost_level:.0%} interval lies inside the margin; "
-        f"different when the {confidence:.0%} interval excludes 0; otherwise inconclusive.",
+        f"LoRA minus FullFT, paired over seeds and held-out problems at each cell's final evaluation; "
+        f"{confidence:.0%} {INTERVAL}. TOST at margin ±{margin:g}: equivalent when the {tost_level:.0%} interval "
+        f"lies inside the margin; different when the {confidence:.0%} interval excludes 0; otherwise inconclusive.",
         "",
-        equivalence.markdown,
+        tables["equivalence"].markdown,
         "## Power",
         "",
         f"How precisely each comparison was measured: its standard error and degrees of freedom, the half-width of "
         f"the {tost_level:.0%} interval TOST reads (a verdict at ±{margin:g} needs it well below {margin:g}), and the "
-        "minimum detectable difference: the smallest true LoRA − FullFT gap a two-sided 5% test finds with 80% power; "
-        "and what a verdict would cost: the seeds (same problems) with which TOST shows equivalence with 80% power "
-        "when LoRA and FullFT truly do not differ, projected from the comparison's seed and problem variances.",
+        "minimum detectable difference: the smallest true LoRA − FullFT gap a two-sided 5% test finds with 80% "
+        "power; and what a verdict would cost: the seeds (same problems) with which TOST shows equivalence with 80% "
+        "power when LoRA and FullFT truly do not differ, projected from the comparison's seed and problem variances.",
         "",
-        power_markdown(equivalence.frame),
-        *_chosen_section(cells, out, margin, confidence),
+        power_markdown(tables["equivalence"].frame),
+        *_chosen_section(tables),
+    ]
+
+
+def _dynamics_sections(tables: dict[str, Table], out: Path, confidence: float) -> list[str]:
+    """Plateau, collapse, KL to the reference, speed and the figures."""
+    return [
         "## Plateau",
         "",
         "Whether each arm stopped learning before its last step: the share of its total gain (mean over seeds) made "
         "in the last 25% of its steps, read on the held-out problems every evaluation scores (`curve_problems`): "
         "its base and final can differ from the tables above, which score them all.",
         "",
-        plateau.markdown,
+        tables["plateau"].markdown,
         "## Collapse",
         "",
         "Per regime, the mean step (over its cells) of the peak advantage std and of the peak completion length, "
         "and the first evaluation after the pass@1 peak where pass@1 (mean over cells) falls below the base. "
         "The paper's process regime: advantage std peak at step 28, length saturation at 70, collapse at 79.",
         "",
-        collapse.markdown,
+        tables["collapse"].markdown,
         "## KL to the reference",
         "",
         f"Each cell's KL(π‖π_ref) averaged over its last {END_FRACTION:.0%} of steps ({ESTIMATOR}; the sampling "
         f"temperature's distributions), mean over seeds with a {confidence:.0%} t interval over seeds. "
         "The KL-free seed paper's claim: KL grows with the rank, by an order of magnitude from small to large ranks.",
         "",
-        kl.markdown,
+        tables["kl"].markdown,
         "## Speed against TRL",
         "",
         speed_markdown(out),
@@ -151,21 +181,13 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
         "",
         *[f"![{name}](figures/{name}.png)" for name in (EQUIVALENCE_FIGURE, *FIGURES)],
         "",
-    ])
-    report = out / "report.md"
-    report.write_text(text)
-    return report
+    ]
 
 
-def _chosen_section(cells: Cells, out: Path, margin: float, confidence: float) -> list[str]:
-    """The comparison at each cell's dev-chosen step (stopping.py), its tables written beside the others; nothing
-    when no cell scored dev problems."""
-    if cells.dev_evals.empty:
+def _chosen_section(tables: dict[str, Table]) -> list[str]:
+    """The comparison at each cell's dev-chosen step (stopping.py); nothing when no cell scored dev problems."""
+    if "chosen_steps" not in tables:
         return []
-    answers = answers_at_chosen_steps(cells)
-    chosen, at_chosen = chosen_table(cells, answers), equivalence_table(cells, margin, confidence, answers=answers)
-    chosen.frame.to_csv(out / "chosen_steps.csv", index=False)
-    at_chosen.frame.to_csv(out / "equivalence_chosen.csv", index=False)
     return [
         "## At each arm's dev-chosen step",
         "",
@@ -173,6 +195,6 @@ def _chosen_section(cells: Cells, out: Path, margin: float, confidence: float) -
         "own dev curve, never on the held-out set nor against another arm; then LoRA minus FullFT on the held-out "
         "answers at those steps, with the intervals and verdicts above.",
         "",
-        chosen.markdown,
-        at_chosen.markdown,
+        tables["chosen_steps"].markdown,
+        tables["equivalence_chosen"].markdown,
     ]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from ..data.answer_check import AnswerChecker, Verdict, last_integer
 from ..data.math_data import last_boxed
@@ -68,7 +69,7 @@ def verdict_reason(verdict: Verdict, completion: str, gold: str | None, timeout_
     return f"the answer {shown} {relation} the gold {gold}"
 
 
-def token_table(tokenizer, trace: RewardTrace, row: int) -> pd.DataFrame:
+def token_table(tokenizer: PreTrainedTokenizerBase, trace: RewardTrace, row: int) -> pd.DataFrame:
     """One row per completion token: its text, its reasoning step (1-based; 0 after the last step, e.g. EOS),
     each reward's deposit on it (NaN where none sits) and, with groups, each reward's advantage."""
     rollout = trace.rollout

@@ -16,6 +16,7 @@ tests/test_statistics.py measures both).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -240,12 +241,14 @@ def simulate_differences(design: StudyDesign, rng: np.random.Generator) -> np.nd
     """One simulated study's seeds x problems matrix of paired differences."""
     difficulty = rng.normal(0, design.problem_sd, design.problems)[None, :]
     runs = rng.normal(0, design.seed_sd, (2, design.seeds, 1))
-    first = rng.random((design.seeds, design.problems)) < _sigmoid(design.base_logit + design.arm_gap + difficulty + runs[0])
-    second = rng.random((design.seeds, design.problems)) < _sigmoid(design.base_logit + difficulty + runs[1])
+    shape = (design.seeds, design.problems)
+    first = rng.random(shape) < _sigmoid(design.base_logit + design.arm_gap + difficulty + runs[0])
+    second = rng.random(shape) < _sigmoid(design.base_logit + difficulty + runs[1])
     return first.astype(float) - second.astype(float)
 
 
-def simulate_coverage(design: StudyDesign, interval, confidence: float, studies: int, seed: int = 0) -> float:
+def simulate_coverage(design: StudyDesign, interval: Callable[[np.ndarray, float], tuple[float, float]],
+                      confidence: float, studies: int, seed: int = 0) -> float:
     """The fraction of simulated studies whose interval(diffs, confidence) -> (low, high) holds the truth."""
     truth = true_difference(design, seed=seed)
     rng = np.random.default_rng(seed + 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 
 def is_local(source: str) -> bool:
@@ -26,7 +26,8 @@ def _source(name_or_path: str | Path, what: str, required_file: str) -> str:
 
 
 def load_causal_lm(
-    name_or_path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", what: str = "model"
+    name_or_path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+    what: str = "model",
 ) -> torch.nn.Module:
     """A causal LM from a save_pretrained folder or hub id, on device, in dtype."""
     model = AutoModelForCausalLM.from_pretrained(_source(name_or_path, what, "config.json"), dtype=dtype)
@@ -38,7 +39,7 @@ def load_config(name_or_path: str | Path, what: str = "model") -> PretrainedConf
     return AutoConfig.from_pretrained(_source(name_or_path, what, "config.json"))
 
 
-def load_tokenizer(name_or_path: str | Path):
+def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
     """A tokenizer that can end completions (has EOS) and pad batches (pad falls back to EOS)."""
     tokenizer = AutoTokenizer.from_pretrained(_source(name_or_path, "tokenizer", "tokenizer_config.json"))
     if tokenizer.eos_token_id is None:

@@ -7,6 +7,9 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+from transformers import PreTrainedTokenizerBase
+
 from ..data.answer_check import AnswerChecker
 from ..data.problems import Problem
 from ..grpo.precision import autocast
@@ -19,8 +22,8 @@ from .provenance import fingerprint, write_json_atomic
 
 def capability_row(
     name: str,
-    model,
-    tokenizer,
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[Problem],
     checker: AnswerChecker,
     sampling: SamplingConfig,
@@ -55,8 +58,8 @@ def base_eval_key(config: CellConfig) -> str:
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
 
-def base_evaluation(config: CellConfig, model, tokenizer, heldout: Sequence[Problem],
-                    checker: AnswerChecker) -> tuple[float, list[dict]]:
+def base_evaluation(config: CellConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
+                    heldout: Sequence[Problem], checker: AnswerChecker) -> tuple[float, list[dict]]:
     """The base model's greedy pass@1 and rows: read from config.base_answers when its key is there, else
     evaluated now (and saved there, atomically: cells running side by side may both write it)."""
     path = None if config.base_answers is None else Path(config.base_answers) / f"base-{base_eval_key(config)}.json"

@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from math import comb
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from ..data.answer_check import AnswerChecker, Verdict
 from ..data.problems import Problem
@@ -52,7 +53,7 @@ def _answer(model, tokenizer, problems, checker, group_size, sampling, seed, bat
 
 def greedy_eval(
     model: torch.nn.Module,
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[Problem],
     checker: AnswerChecker,
     max_new_tokens: int,
@@ -65,7 +66,7 @@ def greedy_eval(
 
 def greedy_eval_arms(
     model: torch.nn.Module | Qwen3Weights,
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[Problem],
     checker: AnswerChecker,
     max_new_tokens: int,
@@ -79,7 +80,7 @@ def greedy_eval_arms(
 
 def sampled_pass_at_k(
     model: torch.nn.Module,
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[Problem],
     checker: AnswerChecker,
     sampling: SamplingConfig,

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from ..data.problems import Problem
 from ..grpo.policy import Policy
@@ -18,7 +19,7 @@ from ..grpo.stacked import StackedPolicy
 from ..grpo.text_rollout import rollout_from_text
 
 
-def teacher_forced(tokenizer, problems: Sequence[Problem], arms: int = 1) -> Rollout:
+def teacher_forced(tokenizer: PreTrainedTokenizerBase, problems: Sequence[Problem], arms: int = 1) -> Rollout:
     """Prompts (left-padded) and their solutions + EOS (right-padded) as a rollout, every row once per arm."""
     missing = [p.problem_id for p in problems if not p.solution]
     if missing:
@@ -28,7 +29,7 @@ def teacher_forced(tokenizer, problems: Sequence[Problem], arms: int = 1) -> Rol
 
 def sft_step(
     policy: Policy | StackedPolicy,
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     optimizer: torch.optim.Optimizer,
     problems: Sequence[Problem],
     max_grad_norm: float,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from ..data.problems import Problem
 from .rollout import Rollout
@@ -56,7 +57,7 @@ class ReplayBuffer:
             stored = _Stored(problems[row // rollout.group_size], tuple(t for t in tokens if t != eos))
             (self.successes if float(rewards[row]) >= self.config.threshold else self.failures).append(stored)
 
-    def draw(self, tokenizer) -> list[Problem]:
+    def draw(self, tokenizer: PreTrainedTokenizerBase) -> list[Problem]:
         """Up to C_success successes and C_failure failures, each cut after a random number of its tokens (0 to
         all of them, the paper's t in [T_prompt, T_total]), as problems whose prompt ends with that prefix."""
         chosen = (self.rng.sample(self.successes, min(self.config.successes, len(self.successes)))

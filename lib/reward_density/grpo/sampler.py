@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from ..data.problems import Problem
 from .logprobs import position_ids_from_mask
@@ -33,7 +34,7 @@ class SamplingConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
-def special_token_ids(tokenizer) -> tuple[int, int]:
+def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, int]:
     """(eos, pad) ids; a tokenizer without EOS cannot end a completion and is refused."""
     if tokenizer.eos_token_id is None:
         raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no EOS token")
@@ -44,7 +45,7 @@ def special_token_ids(tokenizer) -> tuple[int, int]:
 @torch.no_grad()
 def sample_rollout(
     model: torch.nn.Module | Qwen3Weights,
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[Problem],
     group_size: int,
     config: SamplingConfig,

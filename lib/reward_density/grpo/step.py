@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from ..data.answer_check import has_boxed_answer
 from ..data.problems import Problem
@@ -67,7 +68,7 @@ class StepConfig:
 
 def grpo_step(
     policy: Policy,
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     optimizer: torch.optim.Optimizer,
     problems: Sequence[Problem],
     reward: RewardModule,
@@ -177,7 +178,7 @@ def step_metrics(rollout: Rollout, deposits: Deposits, advantages: torch.Tensor,
 
 def stacked_grpo_step(
     policy: StackedPolicy,
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     optimizer: torch.optim.Optimizer,
     problems: Sequence[Problem],
     reward: RewardModule,

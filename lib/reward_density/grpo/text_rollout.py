@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from ..data.problems import Problem
 from .rollout import Rollout
@@ -12,7 +13,7 @@ from .sampler import special_token_ids
 
 
 def rollout_from_text(
-    tokenizer, problems: Sequence[Problem], completions: Sequence[str], group_size: int = 1,
+    tokenizer: PreTrainedTokenizerBase, problems: Sequence[Problem], completions: Sequence[str], group_size: int = 1,
     truncated: Sequence[bool] | None = None,
 ) -> Rollout:
     """Row i answers problems[i] with completions[i] (+ EOS unless truncated[i]); consecutive rows of one problem

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import MistralConfig, MistralForCausalLM, PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class ModelSpec:
             raise ValueError(f"hidden must be a positive multiple of 8 and layers positive, got {self}")
 
 
-def _decoder_settings(spec: ModelSpec, tokenizer) -> dict[str, Any]:
+def _decoder_settings(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
     """Config fields Qwen3 and Mistral share: size, 4 heads / 2 KV heads, MLP 2x wide, the special ids."""
     return dict(
         vocab_size=len(tokenizer),
@@ -38,14 +38,15 @@ def _decoder_settings(spec: ModelSpec, tokenizer) -> dict[str, Any]:
     )
 
 
-def new_qwen3(spec: ModelSpec, tokenizer, seed: int, tie_word_embeddings: bool = False) -> Qwen3ForCausalLM:
+def new_qwen3(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase, seed: int,
+              tie_word_embeddings: bool = False) -> Qwen3ForCausalLM:
     """A freshly initialised Qwen3ForCausalLM of the given size for this tokenizer."""
     torch.manual_seed(seed)
     config = Qwen3Config(**_decoder_settings(spec, tokenizer), tie_word_embeddings=tie_word_embeddings)
     return Qwen3ForCausalLM(config).eval()
 
 
-def new_mistral(spec: ModelSpec, tokenizer, seed: int) -> MistralForCausalLM:
+def new_mistral(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase, seed: int) -> MistralForCausalLM:
     """A freshly initialised MistralForCausalLM (Math-Shepherd's architecture) for the PRM tokenizer."""
     torch.manual_seed(seed)
     return MistralForCausalLM(MistralConfig(**_decoder_settings(spec, tokenizer), sliding_window=None)).eval()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ def lr_factor(step: int, config: SupervisedConfig) -> float:
     return warmup * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def encode_pairs(tokenizer, prompts: Sequence[str], completions: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+def encode_pairs(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
+                 completions: Sequence[str]) -> list[tuple[list[int], list[int]]]:
     """(prompt ids with special tokens, completion ids + EOS) for every pair."""
     prompt_ids = tokenizer(list(prompts))["input_ids"]
     completion_ids = tokenizer(list(completions), add_special_tokens=False)["input_ids"]
@@ -69,7 +71,8 @@ def pretrain(
     history: list[tuple[int, float, float]] = [(0, float("nan"), evaluate(model))]
     bar = tqdm(range(1, config.max_steps + 1), desc=desc, leave=False, mininterval=2)
     for step in bar:
-        batch = collate([pairs[i] for i in torch.randint(len(pairs), (config.batch_size,), generator=generator)], pad_id)
+        drawn = torch.randint(len(pairs), (config.batch_size,), generator=generator)
+        batch = collate([pairs[i] for i in drawn], pad_id)
         model.train()
         loss = model(**batch).loss
         optimizer.zero_grad(set_to_none=True)

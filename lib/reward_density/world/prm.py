@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
 
 from ..data.answer_check import AnswerChecker, Verdict
 from ..data.problems import Problem
@@ -36,7 +37,8 @@ class LabellingConfig:
     batch_size: int = 128
 
 
-def sample_solutions(model, tokenizer, problems: Sequence[Problem], config: LabellingConfig, seed: int):
+def sample_solutions(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, problems: Sequence[Problem],
+                     config: LabellingConfig, seed: int) -> list[tuple[Problem, str]]:
     """(problem, completion text) pairs: solutions_per_problem samples of the generator per problem."""
     sampling = SamplingConfig(config.max_new_tokens, temperature=config.temperature)
     per_batch = max(1, config.batch_size // config.solutions_per_problem)
@@ -49,8 +51,8 @@ def sample_solutions(model, tokenizer, problems: Sequence[Problem], config: Labe
 
 
 def label_steps(
-    completer,
-    tokenizer,
+    completer: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
     solutions: Sequence[tuple[Problem, str]],
     checker: AnswerChecker,
     config: LabellingConfig,
