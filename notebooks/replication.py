@@ -61,7 +61,8 @@ print(replication.fullft_gains(original["gain.csv"], again["gain.csv"], names).m
 # step.
 
 # %%
-if replication.both_stopped(original, again):
+stopped = replication.both_stopped(original, again)
+if stopped:
     print(replication.verdict_agreement(original["equivalence_chosen.csv"], again["equivalence_chosen.csv"],
                                         names).markdown)
     print(replication.stopping_steps(original["chosen_steps.csv"], again["chosen_steps.csv"], names).markdown)
@@ -78,6 +79,6 @@ else:
 # %%
 path = replication.write_replication_report(original_dir, replication_dir, names, equivalence_margin)
 print("written:", path, path.with_suffix(".csv"))
-figures = ["replication.png"] + (["replication_chosen.png"] if replication.both_stopped(original, again) else [])
+figures = ["replication.png"] + (["replication_chosen.png"] if stopped else [])
 for figure in figures:
     display(Image(replication_dir / "figures" / figure))
