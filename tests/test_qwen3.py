@@ -133,3 +133,21 @@ def test_a_decoder_that_keeps_some_rows_continues_them_unchanged(tiny_tokenizer)
         expected = full.extend(token, positions[:, -1:] + 2, torch.ones(3, dtype=torch.bool))[[2, 0]]
         got = kept.extend(token[[2, 0]], (positions[:, -1:] + 2)[[2, 0]], torch.ones(2, dtype=torch.bool))
     torch.testing.assert_close(got, expected)
+
+
+def test_under_autocast_the_decoder_casts_weights_once_and_gives_the_same_logits_bit_for_bit(tiny_tokenizer):
+    from reward_density.grpo.qwen3 import Decoder, weights_of
+    from reward_density.grpo.qwen3 import forward as qwen3_forward
+
+    model = build_qwen3(len(tiny_tokenizer), seed=0)  # fp32 weights, as a FullFT policy keeps them
+    ids, mask = _left_padded_batch(len(tiny_tokenizer))
+    positions = position_ids_from_mask(mask)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        decoder = Decoder(weights_of(model), ids.shape[0], ids.shape[1])
+        cast = decoder.weights
+        logits = decoder.prefill(ids, mask, positions)
+        # The same forward over the fp32 weights: autocast casts them at every product instead.
+        expected = qwen3_forward(weights_of(model), ids[None], mask.bool()[None], positions[None], keep=slice(-1, None))
+    assert cast.lm_head.dtype == torch.bfloat16 and cast.layers[0]["q_proj"].dtype == torch.bfloat16
+    assert cast.layers[0]["input_layernorm"].dtype == cast.embed.dtype == torch.float32, "autocast leaves these alone"
+    assert torch.equal(logits, expected.reshape(logits.shape)), "casting once must not change a single logit"

@@ -15,8 +15,8 @@ from reward_density.tools.stand_ins import build_qwen3
 PROBLEMS = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\n", "41")]
 METRICS = ["loss", "reward_mean", "advantage_std", "advantage_abs_max", "kl_ref", "clip_frac", "grad_norm",
            "len_mean", "len_max", "frac_truncated", "frac_answered", "steps_mean", "step_seconds",
-           "generate_seconds", "train_seconds"]
-TIMINGS = {"step_seconds", "generate_seconds", "reward_seconds", "train_seconds"}
+           "generate_seconds", "reward_seconds", "reference_seconds", "train_seconds"]
+TIMINGS = {"step_seconds", "generate_seconds", "reward_seconds", "reference_seconds", "train_seconds"}
 
 
 def run_step(model_dir, tokenizer, rank, beta=0.05, seed=0, lr=1e-2):
@@ -68,6 +68,13 @@ def test_metrics_row_carries_every_contract_name(tiny_model_dir, tiny_tokenizer)
     missing = [name for name in METRICS if name not in metrics]
     assert not missing, f"metrics row lacks {missing}"
     assert metrics["len_max"] <= 8 and 0 <= metrics["frac_truncated"] <= 1
+
+
+def test_the_step_time_splits_into_generate_reward_reference_and_train(tiny_model_dir, tiny_tokenizer):
+    _, metrics, _, _ = run_step(tiny_model_dir, tiny_tokenizer, rank=None, beta=0.05)
+    phases = [metrics[f"{phase}_seconds"] for phase in ("generate", "reward", "reference", "train")]
+    assert all(seconds > 0 for seconds in phases), f"a phase was not timed: {phases}"
+    assert sum(phases) == pytest.approx(metrics["step_seconds"]), "the phases must add up to the step"
 
 
 @pytest.mark.parametrize("rank", [0, -3, 2.5, True, "4"])

@@ -95,16 +95,20 @@ def grpo_step(
     if config.loss.beta > 0 or config.track_kl:
         with autocast(device, config.precision):
             ref_logps = policy.reference_logprobs(rollout, config.sampling.temperature, config.micro_batch_size)
+    referenced = time.perf_counter()
     model.train()
     optimizer.zero_grad(set_to_none=True)
     out = _backward(model, device, rollout, advantages, subset, ref_logps, config)
     out.loss += l2_penalty(policy.trainable_parameters() if policy.config.is_lora else [], config.l2)
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), config.max_grad_norm)
     optimizer.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # the optimizer's kernels are queued, not done: stop the clock after them
     done = time.perf_counter()
 
     timings = {"step_seconds": done - start, "generate_seconds": generated - start,
-               "reward_seconds": rewarded - generated, "train_seconds": done - rewarded}
+               "reward_seconds": rewarded - generated, "reference_seconds": referenced - rewarded,
+               "train_seconds": done - referenced}
     row = step_metrics(rollout, deposits, advantages, subset, out, float(grad_norm)) | timings
     if replay is None:
         return row
@@ -206,6 +210,7 @@ def stacked_grpo_step(
 
     temperature = config.sampling.temperature
     ref_logps = policy.reference_logprobs(rollout, temperature) if config.loss.beta > 0 or config.track_kl else None
+    referenced = time.perf_counter()
     logps = policy.logprobs(rollout, temperature)
     outs = []
     for a, share in enumerate(shares):
@@ -223,7 +228,8 @@ def stacked_grpo_step(
     done = time.perf_counter()
 
     timings = {"step_seconds": done - start, "generate_seconds": generated - start,
-               "reward_seconds": rewarded - generated, "train_seconds": done - rewarded, "arms": policy.n_arms}
+               "reward_seconds": rewarded - generated, "reference_seconds": referenced - rewarded,
+               "train_seconds": done - referenced, "arms": policy.n_arms}
     return [step_metrics(share, d, adv, subset, out, float(norm)) | timings
             for share, d, adv, subset, out, norm in zip(shares, deposits, advantages, subsets, outs, grad_norms)]
 

@@ -104,14 +104,25 @@ def student_memory(cell: dict[str, Any], rank: int | None, shape: DecoderShape =
         "activations (one micro-batch)": _activations(shape, micro, prompt + completion, cell["gradient_checkpointing"]),
         "logits (one micro-batch)": _logits(shape, micro, completion),
     }
-    sampling = {"KV cache while sampling": shape.kv_cache_bytes(rows * (prompt + completion))}
+    sampling = {"KV cache while sampling": shape.kv_cache_bytes(rows * (prompt + completion)),
+                "weights as the sampler reads them": _sampler_weights(shape, rank, mixed)}
     evaluating = {
         "KV cache while evaluating": shape.kv_cache_bytes(cell["eval_batch_size"] * (prompt + cell["eval_max_new_tokens"]))
     }
     # Sampling, evaluating and the backward happen one after another: only the largest phase counts.
-    peak = sum(persistent.values()) + max(sum(phase.values()) for phase in (backward, sampling, evaluating))
-    parts = {**persistent, **backward, **sampling, **evaluating, "peak": peak}
+    step = sum(persistent.values()) + max(sum(backward.values()), sum(sampling.values()))
+    peak = max(step, sum(persistent.values()) + sum(evaluating.values()))
+    parts = {**persistent, **backward, **sampling, **evaluating, "peak (training step)": step, "peak": peak}
     return {k: v / GIB for k, v in parts.items()}
+
+
+def _sampler_weights(shape: DecoderShape, rank: int | None, mixed: bool) -> int:
+    """The bf16 weights the sampling decoder builds under autocast (grpo/qwen3.py): every linear layer with its
+    adapter folded in, and for FullFT the LM head too, cast from the fp32 master; none in fp32."""
+    if not mixed:
+        return 0
+    linears = shape.layers * sum(a * b for a, b in shape.linears())
+    return (linears + (shape.vocab * shape.hidden if rank is None else 0)) * BF16
 
 
 def scorer_memory(cell: dict[str, Any], shape: DecoderShape, tokens: int) -> float:

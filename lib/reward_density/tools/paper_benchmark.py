@@ -1,0 +1,558 @@
+"""The paper's GRPO step on random weights of the paper's models: seconds per phase, peak GPU memory, the
+physical floor, and TRL's GRPOTrainer on the same configuration.
+
+Nothing is downloaded. The Qwen3-1.7B policy, the Qwen3-8B teacher and the 7B Mistral PRM are built with
+random weights from their published shapes (gpu_memory.py), and their tokenizers are synthetic word lists of
+the same vocabulary sizes. The student's EOS lies outside its vocabulary, so every completion runs to the
+length cap: the step's worst case, the one the floor assumes. Every other setting is the paper profile's.
+Everything sits on one device (the paper's profile puts the teacher and the PRM on a second GPU).
+
+    python -m reward_density.tools.paper_benchmark --out paper_bench.json        # on a GPU
+    python -m reward_density.tools.paper_benchmark --scale tiny --device cpu      # the check CI runs
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before any Hugging Face import: everything here is local
+
+import argparse
+import dataclasses
+import gc
+import json
+import random
+import statistics
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import peft
+import torch
+import transformers
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import MistralConfig, PreTrainedTokenizerFast, Qwen3Config, TrainerCallback
+
+from ..data.answer_check import AnswerChecker
+from ..data.problems import Problem
+from ..experiment.cell import make_optimizer, make_policy, step_config
+from ..experiment.config import CellConfig
+from ..experiment.profiles import cell_config, find_profile, load_profile
+from ..experiment.provenance import cpu_model, git_state
+from ..grpo.precision import frozen_dtype
+from ..grpo.step import StepConfig, grpo_step
+from ..rewards import REGIMES, build_reward
+from .gpu_memory import (
+    BF16,
+    GIB,
+    MATH_SHEPHERD_MISTRAL_7B,
+    PROMPT_TOKENS,
+    QWEN3_1_7B,
+    QWEN3_8B,
+    DecoderShape,
+    student_memory,
+)
+
+SCALES = {  # the models of each scale: the paper's, or tiny ones of the same architectures for a CPU
+    "paper": {"student": QWEN3_1_7B, "teacher": QWEN3_8B, "prm": MATH_SHEPHERD_MISTRAL_7B},
+    "tiny": {"student": DecoderShape(600, 32, 2, 64, 4, 2, 8, tied=True),
+             "teacher": DecoderShape(600, 48, 2, 96, 4, 2, 12, tied=False),
+             "prm": DecoderShape(300, 32, 2, 64, 4, 2, 8, tied=False, qk_norm=False)},
+}
+PROBE_SIZES = {"paper": (1 << 30, 8192), "tiny": (1 << 20, 256)}  # bytes copied, matrix side: the ceilings' probes
+STEP_EVERY = 100  # every 100th student token ends a line: about 15 reasoning steps in 1536 tokens
+PAD, UNK, EOS = "<pad>", "<unk>", "<eos>"
+PRM_WORDS = (UNK, PAD, EOS, "ки", "+", "-")  # Math-Shepherd's step tag and its good / bad tokens
+MAX_POSITIONS = 4096
+WARMUP_TOKENS = 32  # the warmup steps' completion cap: kernels and optimizer state, not the timed shapes
+
+
+@dataclass(frozen=True)
+class PaperBenchConfig:
+    """What to time; the GRPO settings are the profile's cell section (max_new_tokens may be lowered)."""
+
+    scale: str = "paper"
+    device: str = "cuda"
+    ranks: tuple[int | None, ...] = (1, None, 256)  # None: FullFT
+    regimes: tuple[str, ...] = REGIMES
+    steps: int = 1  # timed steps per arm and regime, after one short warmup step per regime
+    trl_ranks: tuple[int | None, ...] = (1, None)  # each timed right after our step of the same arm
+    trl_steps: int = 1  # timed TRL steps per arm, after one warmup step
+    max_new_tokens: int | None = None  # None: the profile's cap
+    prompt_tokens: int = PROMPT_TOKENS
+    profile: str = "paper"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.scale not in SCALES:
+            raise ValueError(f"unknown scale {self.scale!r}; expected one of {sorted(SCALES)}")
+        unknown = [r for r in self.regimes if r not in REGIMES]
+        if unknown:
+            raise ValueError(f"unknown regimes {unknown}; expected some of {REGIMES}")
+        if self.steps < 1 or self.trl_steps < 0 or self.prompt_tokens < 1:
+            raise ValueError(f"need steps >= 1, trl_steps >= 0 and prompt_tokens >= 1, got {self}")
+
+
+def arm_name(rank: int | None) -> str:
+    return "FullFT" if rank is None else f"LoRA r={rank}"
+
+
+# ------------------------------------------------------------------------------------ models and tokenizers
+
+
+def model_config(shape: DecoderShape, pad: int, eos: int) -> Qwen3Config | MistralConfig:
+    """The transformers config of a shape: Qwen3 where it normalises queries and keys, else Mistral."""
+    fields = dict(vocab_size=shape.vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
+                  intermediate_size=shape.intermediate, num_attention_heads=shape.heads,
+                  num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim, tie_word_embeddings=shape.tied,
+                  max_position_embeddings=MAX_POSITIONS, pad_token_id=pad, eos_token_id=eos, bos_token_id=None)
+    return Qwen3Config(**fields) if shape.qk_norm else MistralConfig(**fields, sliding_window=None)
+
+
+def random_model(shape: DecoderShape, tokenizer: PreTrainedTokenizerFast, device: str, dtype: torch.dtype,
+                 seed: int) -> transformers.PreTrainedModel:
+    """A causal LM of this shape with random weights, initialised on the device in its dtype."""
+    torch.manual_seed(seed)
+    config = model_config(shape, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def _word_tokenizer(words: dict[str, int], eos: str) -> PreTrainedTokenizerFast:
+    """A whitespace-split word-level tokenizer over these words."""
+    backend = Tokenizer(models.WordLevel(words, unk_token=UNK))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD, eos_token=eos, unk_token=UNK)
+
+
+def student_word(index: int) -> str:
+    return f"s{index}\n" if index % STEP_EVERY == 0 else f"w{index}"
+
+
+def student_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
+    """Ids 0..vocab-1 are words the model can draw (every STEP_EVERY-th ends a line); EOS is id vocab, which it
+    cannot, so every completion runs to the cap."""
+    words = {PAD: 0, UNK: 1} | {student_word(i): i for i in range(2, vocab)} | {EOS: vocab}
+    return _word_tokenizer(words, EOS)
+
+
+def prm_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
+    """The PRM's words: its specials, the step tag and +/-, then the student's words w6..w{vocab-1}."""
+    words = {word: i for i, word in enumerate(PRM_WORDS)}
+    words |= {f"w{i}": i for i in range(len(PRM_WORDS), vocab)}
+    return _word_tokenizer(words, EOS)
+
+
+def problem_set(count: int, words: int, vocab: int, seed: int) -> list[Problem]:
+    """count prompts of `words` student words (one token each), gold answer 1."""
+    rng = random.Random(seed)
+    draws = [[rng.randrange(2, vocab) for _ in range(words)] for _ in range(count)]
+    prompts = [" ".join(f"w{i + (i % STEP_EVERY == 0)}" for i in ids) for ids in draws]  # words, not line ends
+    return [Problem(f"p{i}", prompt, "1", question=prompt) for i, prompt in enumerate(prompts)]
+
+
+# ------------------------------------------------------------------------------------ the floor
+
+
+def synchronize(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_seconds(work: Callable[[], object], device: str, repeats: int = 10) -> float:
+    """Median wall seconds of work() after three warmup calls, the device synchronised around each."""
+    for _ in range(3):
+        work()
+    seconds = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        work()
+        synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def probe_device(device: str, scale: str) -> dict[str, float]:
+    """The two ceilings measured here: copy bandwidth (bytes read + written per second) and bf16 matmul FLOP/s."""
+    size, side = PROBE_SIZES[scale]
+    source = torch.randn(size // 2, device=device, dtype=torch.bfloat16)
+    target = torch.empty_like(source)
+    copy = _median_seconds(lambda: target.copy_(source), device)
+    a, b = (torch.randn(side, side, device=device, dtype=torch.bfloat16) for _ in range(2))
+    matmul = _median_seconds(lambda: a @ b, device)
+    return {"bandwidth_bytes_per_s": 2 * size / copy, "matmul_flops_per_s": 2 * side**3 / matmul}
+
+
+def floor_seconds(shapes: dict[str, DecoderShape], cell: CellConfig, prompt_tokens: int,
+                  probe: dict[str, float]) -> dict[str, float]:
+    """The least time the step's work can take on this device, by part.
+
+    Decoding reads the student's bf16 weights and its KV cache once per generated token (memory-bound); the
+    passes over the whole sequences are matmul-bound: 2 FLOPs per weight and token forward, twice that again
+    backward through the activations, and for FullFT once more for the weights' gradients. Attention's own
+    FLOPs and gradient checkpointing's recomputation are left out (the first is small, the second a choice).
+    """
+    student, rows, new = shapes["student"], cell.prompts_per_step * cell.group_size, cell.max_new_tokens
+    layer_weights = student.layers * sum(a * b for a, b in student.linears())
+    head = student.vocab * student.hidden
+    weights_read = (layer_weights + head) * BF16  # the embedding lookup reads one row per token
+    mean_kv = rows * student.kv_cache_bytes(prompt_tokens + new // 2)
+    tokens = rows * (prompt_tokens + new)
+    forward = 2 * (layer_weights * tokens + head * rows * new)  # the LM head over the completion only
+    backward = forward * (2 if cell.rank is None else 1)
+    reference = forward if cell.beta > 0 or cell.track_kl else 0
+    scorer = {"outcome": None, "process": shapes["prm"], "distillation": shapes["teacher"]}[cell.regime]
+    reward = 0 if scorer is None else 2 * scorer.layers * sum(a * b for a, b in scorer.linears()) * tokens
+    if cell.regime == "distillation":
+        reward += 2 * scorer.vocab * scorer.hidden * rows * new
+    rate, bandwidth = probe["matmul_flops_per_s"], probe["bandwidth_bytes_per_s"]
+    parts = {"generate": new * (weights_read + mean_kv) / bandwidth, "reward": reward / rate,
+             "reference": reference / rate, "train": (forward + backward) / rate}
+    return parts | {"step": sum(parts.values())}
+
+
+# ------------------------------------------------------------------------------------ our step
+
+
+@dataclass
+class World:
+    """The models and tokenizers every arm shares."""
+
+    shapes: dict[str, DecoderShape]
+    tokenizer: PreTrainedTokenizerFast
+    problems: list[Problem]
+    rewards: dict[str, Any]
+    scorer_bytes: int  # device memory the teacher and the PRM hold throughout
+
+
+def build_world(config: PaperBenchConfig, cell: CellConfig, checker: AnswerChecker) -> World:
+    """The tokenizers, the prompts, and the reward of each regime with its random teacher or PRM."""
+    shapes = SCALES[config.scale]
+    tokenizer = student_tokenizer(shapes["student"].vocab)
+    problems = problem_set(cell.prompts_per_step, config.prompt_tokens, min(shapes["student"].vocab,
+                                                                            shapes["prm"].vocab), config.seed)
+    before = _allocated(config.device)
+    frozen = frozen_dtype(cell.precision)
+    rewards = {}
+    for regime in config.regimes:
+        parts: dict[str, Any] = {"checker": checker, "temperature": cell.temperature,
+                                 "micro_batch_size": cell.micro_batch_size}
+        if regime == "process":
+            prm_words = prm_tokenizer(shapes["prm"].vocab)
+            parts.update(prm_model=random_model(shapes["prm"], prm_words, config.device, frozen, config.seed + 2),
+                         prm_tokenizer=prm_words, student_tokenizer=tokenizer)
+        if regime == "distillation":
+            parts["teacher"] = random_model(shapes["teacher"], tokenizer, config.device, frozen, config.seed + 1)
+        rewards[regime] = build_reward(regime, **parts)
+    return World(shapes, tokenizer, problems, rewards, _allocated(config.device) - before)
+
+
+def _allocated(device: str) -> int:
+    return torch.cuda.memory_allocated(device) if torch.device(device).type == "cuda" else 0
+
+
+def _peak(device: str) -> int | None:
+    return torch.cuda.max_memory_allocated(device) if torch.device(device).type == "cuda" else None
+
+
+def _reset_peak(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _free(device: str) -> None:
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def time_arm(world: World, cells: dict[str, CellConfig], config: PaperBenchConfig,
+             probe: dict[str, float]) -> dict[str, Any]:
+    """Each regime's step of one arm: its metrics' timings, the synchronised wall time, the peak memory, the floor."""
+    first = cells[config.regimes[0]]
+    dtype = torch.float32 if first.rank is None else frozen_dtype(first.precision)
+    student = random_model(world.shapes["student"], world.tokenizer, config.device, dtype, config.seed)
+    policy = make_policy([first], student)
+    optimizer = make_optimizer([first], policy)
+    settings = {regime: step_config(cell) for regime, cell in cells.items()}
+    for regime, step in settings.items():  # warmup: kernels, the reward models' first calls, AdamW's state
+        warmup = dataclasses.replace(step, sampling=dataclasses.replace(step.sampling, max_new_tokens=WARMUP_TOKENS))
+        grpo_step(policy, world.tokenizer, optimizer, world.problems, world.rewards[regime], warmup, seed=config.seed)
+    result: dict[str, Any] = {"trained_parameters": sum(p.numel() for p in policy.trainable_parameters())}
+    for regime, step in settings.items():
+        rows = [_timed_step(policy, optimizer, world, regime, step, config, seed=config.seed + 1 + i)
+                for i in range(config.steps)]
+        result[regime] = {
+            "steps": rows,
+            "median": {key: statistics.median(row[key] for row in rows) for key in rows[0]
+                       if isinstance(rows[0][key], (int, float))},
+            "floor_seconds": floor_seconds(world.shapes, cells[regime], config.prompt_tokens, probe),
+        }
+    estimate = student_memory(dataclasses.asdict(first), first.rank, world.shapes["student"])
+    result["estimated_student_gib"] = estimate["peak (training step)"]
+    del policy, optimizer, student
+    _free(config.device)
+    return result
+
+
+def _timed_step(policy, optimizer, world: World, regime: str, step: StepConfig, config: PaperBenchConfig,
+                seed: int) -> dict[str, float]:
+    """One step: grpo_step's own phase timings, the wall time around it, peak memory (all, and the student's)."""
+    _reset_peak(config.device)
+    synchronize(config.device)
+    start = time.perf_counter()
+    row = grpo_step(policy, world.tokenizer, optimizer, world.problems, world.rewards[regime], step, seed=seed)
+    synchronize(config.device)
+    keep = ("step_seconds", "generate_seconds", "reward_seconds", "reference_seconds", "train_seconds",
+            "len_mean", "frac_truncated", "steps_mean")
+    timed = {key: float(row[key]) for key in keep} | {"wall_seconds": time.perf_counter() - start}
+    peak = _peak(config.device)
+    if peak is not None:
+        timed |= {"peak_gib": peak / GIB, "student_peak_gib": (peak - world.scorer_bytes) / GIB}
+    return timed
+
+
+# ------------------------------------------------------------------------------------ TRL
+
+
+class WallStepTimer(TrainerCallback):
+    """Wall seconds of each optimizer step of a trainer, the device synchronised before the clock stops."""
+
+    def __init__(self, device: str) -> None:
+        self.device, self.seconds, self._start = device, [], 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        synchronize(self.device)
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        synchronize(self.device)
+        self.seconds.append(time.perf_counter() - self._start)
+
+
+def time_trl(world: World, cell: CellConfig, config: PaperBenchConfig, workdir: Path) -> dict[str, list]:
+    """Wall seconds of TRL GRPOTrainer optimizer steps of one arm on the same model shape, prompts and settings.
+
+    TRL loads its policy (and its FullFT reference) from a folder: the random student is saved there first.
+    Each optimizer step generates P x G completions with transformers' generate (no vLLM) and trains on them
+    in micro-batches of the cell's size, as our step does.
+    """
+    import datasets  # not in every GPU image: imported only when TRL is timed
+    import trl
+
+    folder = workdir / f"trl-student-{cell.rank}"
+    dtype = torch.float32 if cell.rank is None else frozen_dtype(cell.precision)
+    random_model(world.shapes["student"], world.tokenizer, config.device, dtype, config.seed).save_pretrained(folder)
+    world.tokenizer.save_pretrained(folder)
+    rows = cell.prompts_per_step * cell.group_size
+    micro = min(cell.micro_batch_size or rows, rows)
+    args = trl.GRPOConfig(
+        output_dir=str(workdir / f"trl-{cell.rank}"), use_cpu=torch.device(config.device).type == "cpu",
+        bf16=cell.precision == "bf16", model_init_kwargs={"dtype": str(dtype).removeprefix("torch.")},
+        gradient_checkpointing=cell.gradient_checkpointing, per_device_train_batch_size=micro,
+        gradient_accumulation_steps=rows // micro, num_generations=cell.group_size,
+        max_completion_length=cell.max_new_tokens, temperature=cell.temperature, top_p=cell.top_p, beta=cell.beta,
+        loss_type="bnpo", learning_rate=cell.learning_rate, lr_scheduler_type="constant",
+        weight_decay=cell.weight_decay, max_grad_norm=cell.max_grad_norm, max_steps=1 + config.trl_steps,
+        seed=config.seed, report_to=[], logging_strategy="no", save_strategy="no", disable_tqdm=True,
+    )
+    prompts = [p.prompt for p in world.problems] * (1 + config.trl_steps)
+    lengths: list[int] = []
+
+    def random_reward(completions, completion_ids, **_) -> list[float]:
+        lengths.extend(map(len, completion_ids))  # the report shows they all reach the cap, as ours do
+        return [random.random() for _ in completions]
+
+    lora = None if cell.rank is None else peft.LoraConfig(r=cell.rank, lora_alpha=cell.lora_alpha,
+                                                          target_modules="all-linear")
+    trainer = trl.GRPOTrainer(
+        model=str(folder), reward_funcs=random_reward, args=args,
+        train_dataset=datasets.Dataset.from_dict({"prompt": prompts}), processing_class=world.tokenizer,
+        peft_config=lora,
+    )
+    trainer.remove_callback(transformers.PrinterCallback)
+    timer = WallStepTimer(config.device)
+    trainer.add_callback(timer)
+    trainer.train()
+    del trainer
+    _free(config.device)
+    return {"wall_seconds": timer.seconds[1:], "completion_lengths": sorted(set(lengths))}
+
+
+# ------------------------------------------------------------------------------------ the report
+
+
+def environment(device: str) -> dict[str, Any]:
+    """Library versions, the device, the CPU and the git commit the numbers were taken with."""
+    gpu = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else None
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
+            "cuda": torch.version.cuda, "gpu": gpu, "cpu": cpu_model(),
+            "commit": git_state(Path(__file__).parent)["commit"]}
+
+
+def projected_gpu_hours(report: dict[str, Any], profile_name: str) -> dict[str, float]:
+    """GPU-hours of the profile's training steps at the measured median step times (evaluations excluded).
+
+    Ranks up to 64 are charged rank 1's step and larger ones rank 256's when only those were timed: below
+    d/8 the adapter's own cost is small beside the frozen base's.
+    """
+    profile = load_profile(find_profile(profile_name))
+    timed = {name: arm for name, arm in report["ours"].items() if "error" not in arm}
+    hours: dict[str, float] = {}
+    for cell in profile.cells():
+        arm = _closest_arm(cell.rank, timed)
+        if arm is None or cell.regime not in timed[arm]:
+            continue
+        steps = profile.matrix.steps.get(cell.regime, profile.cell["steps"])
+        seconds = timed[arm][cell.regime]["median"]["wall_seconds"] * steps
+        hours[cell.regime] = hours.get(cell.regime, 0.0) + seconds / 3600
+    return hours | {"total": sum(hours.values())}
+
+
+def _closest_arm(rank: int | None, timed: dict[str, Any]) -> str | None:
+    """The timed arm that stands for this rank: FullFT for FullFT, else the nearest timed LoRA rank."""
+    if rank is None:
+        return "FullFT" if "FullFT" in timed else None
+    ranks = [int(name.removeprefix("LoRA r=")) for name in timed if name.startswith("LoRA r=")]
+    return arm_name(min(ranks, key=lambda r: abs(r - rank))) if ranks else None
+
+
+def run(config: PaperBenchConfig, workdir: Path, out: Path | None = None) -> dict[str, Any]:
+    """Time our step for every arm and regime, then TRL's; the report is rewritten to out after each arm, so a
+    run stopped part way keeps what it measured. An arm that fails records its error and the run goes on."""
+    profile = load_profile(find_profile(config.profile))
+    overrides = {"device": config.device, "teacher_device": config.device, "prm_device": config.device}
+    if config.max_new_tokens is not None:
+        overrides["max_new_tokens"] = config.max_new_tokens
+
+    def cell_of(regime: str, rank: int | None) -> CellConfig:
+        return cell_config(profile, regime, rank, config.seed, out_dir=workdir / "cells", **overrides)
+
+    report: dict[str, Any] = {"config": dataclasses.asdict(config), "environment": environment(config.device),
+                              "ours": {}, "trl": {}}
+    report["probe"] = probe = probe_device(config.device, config.scale)
+    _write(report, out)
+    with AnswerChecker() as checker:
+        world = build_world(config, cell_of(config.regimes[0], None), checker)
+        report["scorer_gib"] = world.scorer_bytes / GIB
+        for rank in dict.fromkeys([*config.ranks, *config.trl_ranks]):
+            if rank in config.ranks:
+                report["ours"][arm_name(rank)] = _attempt(
+                    lambda: time_arm(world, {g: cell_of(g, rank) for g in config.regimes}, config, probe))
+                _write(report, out)
+            if rank in config.trl_ranks:
+                report["trl"][arm_name(rank)] = _attempt(lambda: time_trl(world, cell_of("outcome", rank), config,
+                                                                          workdir))
+                _write(report, out)
+    report["ours_over_trl"] = speedups(report)
+    report["projected_gpu_hours"] = projected_gpu_hours(report, config.profile)
+    _write(report, out)
+    return report
+
+
+def _attempt(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """work()'s result, or its error and traceback (a failed arm must not cost the arms already measured)."""
+    try:
+        return work()
+    except Exception as error:  # noqa: BLE001 - recorded in the report, which says which arm failed and how
+        return {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+
+
+def speedups(report: dict[str, Any]) -> dict[str, float]:
+    """TRL's median step over ours, per arm timed by both (our outcome step: TRL's reward is free too)."""
+    ratios = {}
+    for arm, trl_arm in report["trl"].items():
+        ours = report["ours"].get(arm, {})
+        if "error" in trl_arm or "outcome" not in ours or not trl_arm["wall_seconds"]:
+            continue
+        ratios[arm] = statistics.median(trl_arm["wall_seconds"]) / ours["outcome"]["median"]["wall_seconds"]
+    return ratios
+
+
+def _write(report: dict[str, Any], out: Path | None) -> None:
+    if out is not None:
+        out.write_text(json.dumps(report, indent=2))
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """Seconds per phase, floor and memory per arm and regime, then TRL and the projected cost."""
+    probe = report["probe"]
+    lines = [f"{report['environment']['gpu'] or report['environment']['cpu']}: copy "
+             f"{probe['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {probe['matmul_flops_per_s'] / 1e12:.0f} "
+             f"TFLOP/s; teacher + PRM {report.get('scorer_gib', 0):.1f} GiB",
+             f"{'arm':<12} {'regime':<13} {'step s':>7} {'gen':>6} {'reward':>6} {'ref':>6} {'train':>6} "
+             f"{'floor s':>7} {'x floor':>7} {'peak GiB':>8} {'est GiB':>7}"]
+    for arm, result in report["ours"].items():
+        if "error" in result:
+            lines.append(f"{arm:<12} failed: {result['error'][:200]}")
+            continue
+        for regime in report["config"]["regimes"]:
+            m, floor = result[regime]["median"], result[regime]["floor_seconds"]["step"]
+            peak = m.get("student_peak_gib")
+            lines.append(f"{arm:<12} {regime:<13} {m['wall_seconds']:>7.2f} {m['generate_seconds']:>6.2f} "
+                         f"{m['reward_seconds']:>6.2f} {m['reference_seconds']:>6.2f} {m['train_seconds']:>6.2f} "
+                         f"{floor:>7.2f} {m['wall_seconds'] / floor:>7.1f} "
+                         f"{'-' if peak is None else f'{peak:.1f}':>8} {result['estimated_student_gib']:>7.1f}")
+    for arm, result in report["trl"].items():
+        shown = result["error"][:200] if "error" in result else \
+            f"{statistics.median(result['wall_seconds']):.2f} s per step" if result["wall_seconds"] else "no timed step"
+        lines.append(f"TRL {arm}: {shown}")
+    lines += [f"TRL / ours, {arm}: {ratio:.1f}x" for arm, ratio in report.get("ours_over_trl", {}).items()]
+    hours = report.get("projected_gpu_hours", {})
+    if hours:
+        lines.append("projected GPU-hours of the profile's training steps: "
+                     + ", ".join(f"{k} {v:.1f}" for k, v in hours.items()))
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[PaperBenchConfig, Path | None]:
+    """The PaperBenchConfig (defaults from the dataclass) and the JSON path from the command line."""
+    defaults = PaperBenchConfig()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", default=defaults.scale, choices=sorted(SCALES))
+    parser.add_argument("--device", default=defaults.device)
+    for name in ("steps", "trl_steps", "max_new_tokens", "prompt_tokens", "seed"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
+    for name in ("ranks", "trl_ranks"):
+        parser.add_argument(f"--{name.replace('_', '-')}", default=_ranks_text(getattr(defaults, name)),
+                            help="comma-separated LoRA ranks, 'full' for FullFT; empty for none")
+    parser.add_argument("--regimes", default=",".join(defaults.regimes))
+    parser.add_argument("--profile", default=defaults.profile)
+    parser.add_argument("--out", type=Path, default=None, help="write the report to this JSON file")
+    args = vars(parser.parse_args(argv))
+    out = args.pop("out")
+    for name in ("ranks", "trl_ranks"):
+        args[name] = tuple(None if r == "full" else int(r) for r in args[name].split(",") if r)
+    args["regimes"] = tuple(args["regimes"].split(","))
+    return PaperBenchConfig(**args), out
+
+
+def _ranks_text(ranks: tuple[int | None, ...]) -> str:
+    return ",".join("full" if r is None else str(r) for r in ranks)
+
+
+def quiet() -> None:
+    """Silence Hugging Face warnings and progress bars."""
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark, print the table, write the JSON report when asked."""
+    config, out = parse_args(argv)
+    quiet()
+    with tempfile.TemporaryDirectory() as workdir:
+        report = run(config, Path(workdir), out)
+    print(format_table(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
