@@ -103,7 +103,7 @@ def weights_of(model: torch.nn.Module) -> Qwen3Weights:
 
 def supports(model: torch.nn.Module) -> bool:
     """Whether this forward reproduces the model: a Qwen3 with full attention, plain rotary embedding and no
-    biases, no forward hooks (it bypasses module calls) and no dropout in force."""
+    biases, no forward hooks that could change a value (it bypasses module calls) and no dropout in force."""
     lm = causal_lm_of(model)
     if not isinstance(lm, Qwen3ForCausalLM):
         return False
@@ -115,9 +115,20 @@ def supports(model: torch.nn.Module) -> bool:
         and not getattr(config, "attention_bias", False)
         and rope.get("rope_type", "default") == "default"
         and lm.model.rotary_emb.attention_scaling == 1.0
-        and not any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+        and not any(_value_hooks(m) for m in modules)
         and not (lm.training and any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in modules))
     )
+
+
+# transformers' and peft's hook on the input embeddings under gradient checkpointing: it marks their output as
+# requiring grad and leaves every value alone, so a forward that bypasses it computes the same logits.
+GRADIENT_ONLY_HOOKS = ("make_inputs_require_grads", "make_inputs_require_grad")
+
+
+def _value_hooks(module: torch.nn.Module) -> list:
+    """The module's forward hooks that may change what it computes (all but the gradient-only ones)."""
+    hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+    return [hook for hook in hooks if getattr(hook, "__name__", None) not in GRADIENT_ONLY_HOOKS]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -103,9 +103,13 @@ def student_memory(cell: dict[str, Any], rank: int | None, shape: DecoderShape =
     backward = {
         "activations (one micro-batch)": _activations(shape, micro, prompt + completion, cell["gradient_checkpointing"]),
         "logits (one micro-batch)": _logits(shape, micro, completion),
+        # Autocast's bf16 copy of the fp32 master weights, kept for the backward (measured on an H200: README).
+        "bf16 copy of the weights (FullFT)": _bf16_copy(shape, with_head=True) if rank is None and mixed else 0,
     }
+    # The sampling decoder's weights (grpo/qwen3.py): each linear layer with its adapter folded in, and FullFT's
+    # LM head, cast once from the fp32 master; in fp32 it reads the parameters themselves.
     sampling = {"KV cache while sampling": shape.kv_cache_bytes(rows * (prompt + completion)),
-                "weights as the sampler reads them": _sampler_weights(shape, rank, mixed)}
+                "weights as the sampler reads them": _bf16_copy(shape, with_head=rank is None) if mixed else 0}
     evaluating = {
         "KV cache while evaluating": shape.kv_cache_bytes(cell["eval_batch_size"] * (prompt + cell["eval_max_new_tokens"]))
     }
@@ -116,13 +120,10 @@ def student_memory(cell: dict[str, Any], rank: int | None, shape: DecoderShape =
     return {k: v / GIB for k, v in parts.items()}
 
 
-def _sampler_weights(shape: DecoderShape, rank: int | None, mixed: bool) -> int:
-    """The bf16 weights the sampling decoder builds under autocast (grpo/qwen3.py): every linear layer with its
-    adapter folded in, and for FullFT the LM head too, cast from the fp32 master; none in fp32."""
-    if not mixed:
-        return 0
+def _bf16_copy(shape: DecoderShape, with_head: bool) -> int:
+    """Bytes of a bf16 copy of every decoder layer's linear weights, and of the LM head's when asked."""
     linears = shape.layers * sum(a * b for a, b in shape.linears())
-    return (linears + (shape.vocab * shape.hidden if rank is None else 0)) * BF16
+    return (linears + (shape.vocab * shape.hidden if with_head else 0)) * BF16
 
 
 def scorer_memory(cell: dict[str, Any], shape: DecoderShape, tokens: int) -> float:

@@ -44,6 +44,7 @@ from ..experiment.config import CellConfig
 from ..experiment.profiles import cell_config, find_profile, load_profile
 from ..experiment.provenance import cpu_model, git_state
 from ..grpo.precision import frozen_dtype
+from ..grpo.qwen3 import supports
 from ..grpo.step import StepConfig, grpo_step
 from ..rewards import REGIMES, build_reward
 from .gpu_memory import (
@@ -81,7 +82,7 @@ class PaperBenchConfig:
     regimes: tuple[str, ...] = REGIMES
     steps: int = 1  # timed steps per arm and regime, after one short warmup step per regime
     trl_ranks: tuple[int | None, ...] = (1, None)  # each timed right after our step of the same arm
-    trl_steps: int = 1  # timed TRL steps per arm, after one warmup step
+    trl_steps: int = 1  # timed TRL steps per arm after one warmup step; 0: time that first step alone
     max_new_tokens: int | None = None  # None: the profile's cap
     prompt_tokens: int = PROMPT_TOKENS
     profile: str = "paper"
@@ -284,7 +285,8 @@ def time_arm(world: World, cells: dict[str, CellConfig], config: PaperBenchConfi
     for regime, step in settings.items():  # warmup: kernels, the reward models' first calls, AdamW's state
         warmup = dataclasses.replace(step, sampling=dataclasses.replace(step.sampling, max_new_tokens=WARMUP_TOKENS))
         grpo_step(policy, world.tokenizer, optimizer, world.problems, world.rewards[regime], warmup, seed=config.seed)
-    result: dict[str, Any] = {"trained_parameters": sum(p.numel() for p in policy.trainable_parameters())}
+    result: dict[str, Any] = {"trained_parameters": sum(p.numel() for p in policy.trainable_parameters()),
+                              "sampling_decoder": "ours (qwen3.py)" if supports(policy.model) else "transformers"}
     for regime, step in settings.items():
         rows = [_timed_step(policy, optimizer, world, regime, step, config, seed=config.seed + 1 + i)
                 for i in range(config.steps)]
@@ -382,7 +384,8 @@ def time_trl(world: World, cell: CellConfig, config: PaperBenchConfig, workdir: 
     trainer.train()
     del trainer
     _free(config.device)
-    return {"wall_seconds": timer.seconds[1:], "completion_lengths": sorted(set(lengths))}
+    timed = timer.seconds[1:] if config.trl_steps else timer.seconds
+    return {"wall_seconds": timed, "first_step_only": not config.trl_steps, "completion_lengths": sorted(set(lengths))}
 
 
 # ------------------------------------------------------------------------------------ the report

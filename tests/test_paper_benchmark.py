@@ -1,0 +1,107 @@
+"""The paper benchmark runs end to end on tiny models of the paper's architectures (CPU): every arm and regime is
+timed by phase beside its floor, every completion (ours and TRL's) reaches the cap, and the paper's shapes become
+models whose configs read back as the same shapes. It measures; no test here judges a speed."""
+import json
+
+import pytest
+import torch
+
+from reward_density.tools import paper_benchmark as pb
+from reward_density.tools.gpu_memory import MATH_SHEPHERD_MISTRAL_7B, QWEN3_1_7B, QWEN3_8B, DecoderShape
+
+CAP = 16
+PHASES = ("generate", "reward", "reference", "train")
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "paper_bench.json"
+    report = pb.main(["--scale", "tiny", "--device", "cpu", "--max-new-tokens", str(CAP), "--prompt-tokens", "8",
+                      "--ranks", "1,full", "--trl-ranks", "1", "--out", str(out)])
+    return report, json.loads(out.read_text())
+
+
+def test_every_arm_and_regime_is_timed_by_phase_beside_its_floor(reports):
+    report, _ = reports
+    assert set(report["ours"]) == {"LoRA r=1", "FullFT"}
+    for arm, result in report["ours"].items():
+        assert "error" not in result, f"{arm} failed: {result.get('traceback')}"
+        for regime in ("outcome", "process", "distillation"):
+            median, floor = result[regime]["median"], result[regime]["floor_seconds"]
+            assert all(median[f"{phase}_seconds"] >= 0 for phase in PHASES)
+            assert median["wall_seconds"] >= median["step_seconds"] > 0
+            assert floor["step"] == pytest.approx(sum(floor[phase] for phase in PHASES)) and floor["generate"] > 0
+        assert result["trained_parameters"] > 0 and result["estimated_student_gib"] > 0
+        # The paper profile checkpoints activations; that must not send sampling to the transformers forward.
+        assert result["sampling_decoder"] == "ours (qwen3.py)"
+    assert report["ours"]["FullFT"]["trained_parameters"] > report["ours"]["LoRA r=1"]["trained_parameters"]
+    floors = {regime: report["ours"]["FullFT"][regime]["floor_seconds"]["reward"] for regime in pb.REGIMES}
+    assert floors["outcome"] == 0 < floors["process"] and floors["distillation"] > 0, "only the models' rewards cost"
+
+
+def test_every_completion_runs_to_the_cap_ours_and_trls(reports):
+    report, _ = reports
+    for arm, result in report["ours"].items():
+        for regime in pb.REGIMES:
+            median = result[regime]["median"]
+            assert median["len_mean"] == CAP and median["frac_truncated"] == 1, f"{arm} {regime} stopped early"
+        assert result["process"]["median"]["steps_mean"] >= 1, "the PRM must see reasoning steps"
+    assert report["trl"]["LoRA r=1"]["completion_lengths"] == [CAP], "TRL's completions must reach the cap too"
+    assert report["trl"]["LoRA r=1"]["wall_seconds"] and report["ours_over_trl"]["LoRA r=1"] > 0
+
+
+def test_the_report_is_written_as_json_with_its_environment_and_projected_cost(reports):
+    report, written = reports
+    assert written["ours"].keys() == report["ours"].keys() and written["config"]["scale"] == "tiny"
+    assert {"torch", "transformers", "peft", "gpu", "cpu", "commit"} <= set(written["environment"])
+    assert written["probe"]["bandwidth_bytes_per_s"] > 0 and written["probe"]["matmul_flops_per_s"] > 0
+    hours = written["projected_gpu_hours"]
+    assert set(hours) == {*pb.REGIMES, "total"} and hours["total"] == pytest.approx(sum(hours[r] for r in pb.REGIMES))
+
+
+@pytest.mark.parametrize("shape", [QWEN3_1_7B, QWEN3_8B, MATH_SHEPHERD_MISTRAL_7B], ids=["student", "teacher", "prm"])
+def test_the_paper_shapes_become_configs_that_read_back_as_the_same_shapes(shape):
+    assert DecoderShape.of(pb.model_config(shape, pad=0, eos=shape.vocab)) == shape
+
+
+@pytest.mark.parametrize("name", ["student", "teacher", "prm"])
+def test_a_random_model_has_the_parameters_its_shape_counts(name):
+    shape = pb.SCALES["tiny"][name]
+    tokenizer = pb.student_tokenizer(shape.vocab)
+    model = pb.random_model(shape, tokenizer, "cpu", torch.float32, seed=0)
+    assert sum(p.numel() for p in model.parameters()) == shape.parameters()
+
+
+def test_the_student_tokenizer_cannot_end_a_completion_and_ends_a_line_every_hundred_words():
+    tokenizer = pb.student_tokenizer(1000)
+    assert tokenizer.eos_token_id == 1000, "EOS must lie outside the model's 1000 ids"
+    text = tokenizer.decode([5, 100, 7, 200, 9])
+    assert text.count("\n") == 2 and tokenizer.pad_token_id == 0
+    prm = pb.prm_tokenizer(300)
+    assert prm.convert_tokens_to_ids(["ки", "+", "-", "w17"]) == [3, 4, 5, 17]
+
+
+def test_a_failing_arm_records_its_error_and_the_others_still_run(monkeypatch, tmp_path):
+    time_arm = pb.time_arm
+
+    def fail_for_lora(world, cells, config, probe):
+        if next(iter(cells.values())).rank is not None:
+            raise RuntimeError("CUDA out of memory (planted)")
+        return time_arm(world, cells, config, probe)
+
+    monkeypatch.setattr(pb, "time_arm", fail_for_lora)
+    out = tmp_path / "bench.json"
+    report = pb.main(["--scale", "tiny", "--device", "cpu", "--max-new-tokens", "4", "--prompt-tokens", "4",
+                      "--ranks", "1,full", "--trl-ranks", "", "--regimes", "outcome", "--out", str(out)])
+    assert "CUDA out of memory (planted)" in report["ours"]["LoRA r=1"]["error"]
+    assert "outcome" in report["ours"]["FullFT"], "the arm after a failed one must still be timed"
+    assert "failed: RuntimeError" in pb.format_table(report)
+    assert json.loads(out.read_text())["ours"]["LoRA r=1"]["error"].startswith("RuntimeError")
+
+
+@pytest.mark.parametrize("settings, message", [({"scale": "huge"}, "unknown scale"),
+                                               ({"regimes": ("dense",)}, "unknown regimes"),
+                                               ({"steps": 0}, "need steps >= 1")])
+def test_bad_settings_are_refused_with_a_message_naming_them(settings, message):
+    with pytest.raises(ValueError, match=message):
+        pb.PaperBenchConfig(**settings)
