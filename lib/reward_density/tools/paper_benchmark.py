@@ -195,9 +195,9 @@ def floor_seconds(shapes: dict[str, DecoderShape], cell: CellConfig, prompt_toke
     """The least time the step's work can take on this device, by part.
 
     Decoding reads the student's bf16 weights and its KV cache once per generated token (memory-bound); the
-    passes over the whole sequences are matmul-bound: 2 FLOPs per weight and token forward, twice that again
-    backward through the activations, and for FullFT once more for the weights' gradients. Attention's own
-    FLOPs and gradient checkpointing's recomputation are left out (the first is small, the second a choice).
+    passes over the whole sequences are matmul-bound: 2 FLOPs per weight and token forward, as many again
+    backward through the activations, and for FullFT as many once more for the weights' gradients. Attention's
+    own FLOPs and gradient checkpointing's recomputation are left out (the first is small, the second a choice).
     """
     student, rows, new = shapes["student"], cell.prompts_per_step * cell.group_size, cell.max_new_tokens
     layer_weights = student.layers * sum(a * b for a, b in student.linears())
@@ -463,7 +463,7 @@ def _attempt(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """work()'s result, or its error and traceback (a failed arm must not cost the arms already measured)."""
     try:
         return work()
-    except Exception as error:  # noqa: BLE001 - recorded in the report, which says which arm failed and how
+    except Exception as error:  # any failure: the report says which arm failed and how
         return {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
 
 
