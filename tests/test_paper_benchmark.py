@@ -105,3 +105,15 @@ def test_a_failing_arm_records_its_error_and_the_others_still_run(monkeypatch, t
 def test_bad_settings_are_refused_with_a_message_naming_them(settings, message):
     with pytest.raises(ValueError, match=message):
         pb.PaperBenchConfig(**settings)
+
+
+def test_the_paper_steps_floor_on_h100_ceilings_is_the_issues_hand_estimate_of_about_three_and_a_half_seconds():
+    """Issue 17 puts the paper step's floor at about 3.5 s on an H100 (decode reading ~4 GB of weights per token at
+    ~3 TB/s, plus the training passes); the benchmark's own count must land near that independent estimate."""
+    from reward_density.experiment.profiles import cell_config, find_profile, load_profile
+
+    cell = cell_config(load_profile(find_profile("paper")), "outcome", None, 0)
+    floor = pb.floor_seconds(pb.SCALES["paper"], cell, pb.PROMPT_TOKENS,
+                             {"bandwidth_bytes_per_s": 3.0e12, "matmul_flops_per_s": 0.8e15})
+    assert 2.6 < floor["step"] < 4.4, f"floor {floor}"
+    assert floor["generate"] > 4 * (floor["train"] + floor["reference"]), "decoding must dominate the floor"

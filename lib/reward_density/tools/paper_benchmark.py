@@ -402,8 +402,8 @@ def environment(device: str) -> dict[str, Any]:
 def projected_gpu_hours(report: dict[str, Any], profile_name: str) -> dict[str, float]:
     """GPU-hours of the profile's training steps at the measured median step times (evaluations excluded).
 
-    Ranks up to 64 are charged rank 1's step and larger ones rank 256's when only those were timed: below
-    d/8 the adapter's own cost is small beside the frozen base's.
+    Each LoRA rank is charged the step of the nearest timed rank (timing ranks 1 and 256 charges 4-64 as rank 1):
+    below d/8 an adapter's own cost is small beside the frozen base's.
     """
     profile = load_profile(find_profile(profile_name))
     timed = {name: arm for name, arm in report["ours"].items() if "error" not in arm}
@@ -427,8 +427,9 @@ def _closest_arm(rank: int | None, timed: dict[str, Any]) -> str | None:
 
 
 def run(config: PaperBenchConfig, workdir: Path, out: Path | None = None) -> dict[str, Any]:
-    """Time our step for every arm and regime, then TRL's; the report is rewritten to out after each arm, so a
-    run stopped part way keeps what it measured. An arm that fails records its error and the run goes on."""
+    """Time each arm's step in every regime, and TRL's on that arm right after; the report is rewritten to out
+    after each, so a run stopped part way keeps what it measured. An arm that fails records its error and the run
+    goes on."""
     profile = load_profile(find_profile(config.profile))
     overrides = {"device": config.device, "teacher_device": config.device, "prm_device": config.device}
     if config.max_new_tokens is not None:
