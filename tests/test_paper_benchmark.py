@@ -34,6 +34,9 @@ def test_every_arm_and_regime_is_timed_by_phase_beside_its_floor(reports):
         assert result["trained_parameters"] > 0 and result["estimated_student_gib"] > 0
         # The paper profile checkpoints activations; that must not send sampling to the transformers forward.
         assert result["sampling_decoder"] == "ours (qwen3.py)"
+        profiled = result["decode_profile"]
+        assert profiled["aten_calls_per_token"] > 0 and profiled["wall_ms_per_token"] > 0
+        assert profiled["device_kernel_ms_per_token"] >= 0  # no device kernels on a CPU
     assert report["ours"]["FullFT"]["trained_parameters"] > report["ours"]["LoRA r=1"]["trained_parameters"]
     floors = {regime: report["ours"]["FullFT"][regime]["floor_seconds"]["reward"] for regime in pb.REGIMES}
     assert floors["outcome"] == 0 < floors["process"] and floors["distillation"] > 0, "only the models' rewards cost"

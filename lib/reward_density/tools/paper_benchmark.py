@@ -35,6 +35,7 @@ import peft
 import torch
 import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
+from torch.profiler import ProfilerActivity, profile
 from transformers import MistralConfig, PreTrainedTokenizerFast, Qwen3Config, TrainerCallback
 
 from ..data.answer_check import AnswerChecker
@@ -43,8 +44,9 @@ from ..experiment.cell import make_optimizer, make_policy, step_config
 from ..experiment.config import CellConfig
 from ..experiment.profiles import cell_config, find_profile, load_profile
 from ..experiment.provenance import cpu_model, git_state
-from ..grpo.precision import frozen_dtype
+from ..grpo.precision import autocast, frozen_dtype
 from ..grpo.qwen3 import supports
+from ..grpo.sampler import sample_rollout
 from ..grpo.step import StepConfig, grpo_step
 from ..rewards import REGIMES, build_reward
 from .gpu_memory import (
@@ -70,6 +72,7 @@ PAD, UNK, EOS = "<pad>", "<unk>", "<eos>"
 PRM_WORDS = (UNK, PAD, EOS, "ки", "+", "-")  # Math-Shepherd's step tag and its good / bad tokens
 MAX_POSITIONS = 4096
 WARMUP_TOKENS = 32  # the warmup steps' completion cap: kernels and optimizer state, not the timed shapes
+PROFILED_TOKENS = 32  # tokens sampled under torch.profiler, to see whether a decoded token waits on launches
 
 
 @dataclass(frozen=True)
@@ -296,11 +299,34 @@ def time_arm(world: World, cells: dict[str, CellConfig], config: PaperBenchConfi
                        if isinstance(rows[0][key], (int, float))},
             "floor_seconds": floor_seconds(world.shapes, cells[regime], config.prompt_tokens, probe),
         }
+    # Profiled last, so that nothing the profiler leaves behind touches the timed steps.
+    result["decode_profile"] = profile_decode(policy, world, settings[config.regimes[0]], config)
     estimate = student_memory(dataclasses.asdict(first), first.rank, world.shapes["student"])
     result["estimated_student_gib"] = estimate["peak (training step)"]
     del policy, optimizer, student
     _free(config.device)
     return result
+
+
+def profile_decode(policy, world: World, step: StepConfig, config: PaperBenchConfig) -> dict[str, float]:
+    """Where a sampled token's time goes: ATen calls, and the device's kernel time against the wall time, per token.
+
+    Kernel time far below the wall time means the GPU waits for the host to launch work: the cure is fewer
+    launches (CUDA graphs, compilation), not faster kernels. The prompts' prefill is counted in, a small share.
+    """
+    device = torch.device(config.device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sampling = dataclasses.replace(step.sampling, max_new_tokens=PROFILED_TOKENS)
+    synchronize(config.device)
+    start = time.perf_counter()
+    with profile(activities=activities) as profiler, autocast(device, step.precision), policy.sampling() as model:
+        sample_rollout(model, world.tokenizer, world.problems, step.group_size, sampling, config.seed)
+    synchronize(config.device)
+    wall = time.perf_counter() - start
+    events = profiler.key_averages()
+    return {"tokens": PROFILED_TOKENS, "wall_ms_per_token": 1e3 * wall / PROFILED_TOKENS,
+            "aten_calls_per_token": sum(e.count for e in events if e.key.startswith("aten::")) / PROFILED_TOKENS,
+            "device_kernel_ms_per_token": sum(e.self_device_time_total for e in events) / 1e3 / PROFILED_TOKENS}
 
 
 def _timed_step(policy, optimizer, world: World, regime: str, step: StepConfig, config: PaperBenchConfig,
@@ -503,6 +529,12 @@ def format_table(report: dict[str, Any]) -> str:
                          f"{m['reward_seconds']:>6.2f} {m['reference_seconds']:>6.2f} {m['train_seconds']:>6.2f} "
                          f"{floor:>7.2f} {m['wall_seconds'] / floor:>7.1f} "
                          f"{'-' if peak is None else f'{peak:.1f}':>8} {result['estimated_student_gib']:>7.1f}")
+    for arm, result in report["ours"].items():
+        if "decode_profile" in result:
+            d = result["decode_profile"]
+            lines.append(f"{arm} decode under the profiler: {d['aten_calls_per_token']:.0f} ATen calls, "
+                         f"{d['device_kernel_ms_per_token']:.2f} ms of kernels and {d['wall_ms_per_token']:.1f} ms "
+                         "of wall time per token")
     for arm, result in report["trl"].items():
         shown = result["error"][:200] if "error" in result else \
             f"{statistics.median(result['wall_seconds']):.2f} s per step" if result["wall_seconds"] else "no timed step"
