@@ -7,7 +7,9 @@ from transformers import MistralConfig, MistralForCausalLM
 from reward_density.data.problems import Problem
 from reward_density.grpo import sampler
 from reward_density.grpo.logprobs import position_ids_from_mask
-from reward_density.grpo.qwen3 import make_decoder, supports
+from reward_density.grpo.policy import Policy, PolicyConfig
+from reward_density.grpo.qwen3 import Decoder, make_decoder, supports, weights_of
+from reward_density.grpo.qwen3 import forward as qwen3_forward
 from reward_density.grpo.sampler import SamplingConfig, sample_rollout
 from reward_density.tools.stand_ins import build_qwen3
 
@@ -136,9 +138,6 @@ def test_a_decoder_that_keeps_some_rows_continues_them_unchanged(tiny_tokenizer)
 
 
 def test_under_autocast_the_decoder_casts_weights_once_and_gives_the_same_logits_bit_for_bit(tiny_tokenizer):
-    from reward_density.grpo.qwen3 import Decoder, weights_of
-    from reward_density.grpo.qwen3 import forward as qwen3_forward
-
     model = build_qwen3(len(tiny_tokenizer), seed=0)  # fp32 weights, as a FullFT policy keeps them
     ids, mask = _left_padded_batch(len(tiny_tokenizer))
     positions = position_ids_from_mask(mask)
@@ -156,9 +155,7 @@ def test_under_autocast_the_decoder_casts_weights_once_and_gives_the_same_logits
 @pytest.mark.parametrize("rank", [2, None])
 def test_gradient_checkpointing_keeps_the_fast_decoder_and_the_same_samples(tiny_tokenizer, rank):
     """Checkpointing hooks the input embeddings only to mark their output as requiring grad: no value changes, so
-    sampling must not fall back to the transformers forward (on a GPU that path measured 50-90 ms per token)."""
-    from reward_density.grpo.policy import Policy, PolicyConfig
-
+    sampling keeps this decoder instead of silently falling back to the transformers forward (every paper cell did)."""
     rollouts = []
     for checkpointing in (False, True):
         policy = Policy(build_qwen3(len(tiny_tokenizer), seed=0),
