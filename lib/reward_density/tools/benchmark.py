@@ -22,22 +22,18 @@ import random
 import statistics
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
-import peft
 import torch
-import transformers
 import trl
 from peft import LoraConfig
-from transformers import PrinterCallback, TrainerCallback
+from transformers import PrinterCallback
 
 from ..data.problems import Problem
 from ..data.sources import load_causal_lm, load_tokenizer
-from ..experiment.provenance import cpu_model, git_state
 from ..grpo.deposits import Deposits
 from ..grpo.loss import LossConfig
 from ..grpo.policy import Policy, PolicyConfig
@@ -45,6 +41,8 @@ from ..grpo.rollout import Rollout
 from ..grpo.sampler import SamplingConfig
 from ..grpo.stacked import StackedPolicy
 from ..grpo.step import StepConfig, grpo_step, stacked_grpo_step
+from .measurement import StepTimer, environment
+from .measurement import quiet as quiet_transformers
 from .stand_ins import build_qwen3, build_tokenizer
 
 CLI_FIELDS = ("steps", "warmup", "prompts", "generations", "max_new_tokens", "hidden", "layers")
@@ -160,20 +158,6 @@ def time_single(model_dir: Path, config: BenchConfig, rank: int | None) -> list[
                                             seed=config.seed + i), config)
 
 
-class StepTimer(TrainerCallback):
-    """CPU-seconds of each optimizer step of a trainer."""
-
-    def __init__(self) -> None:
-        self.seconds: list[float] = []
-        self._start = 0.0
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        self._start = time.process_time()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.seconds.append(time.process_time() - self._start)
-
-
 def time_trl(model_dir: Path, config: BenchConfig, rank: int | None, workdir: Path) -> list[float]:
     """CPU-seconds of each GRPOTrainer optimizer step of one arm after the warmup."""
     args = trl.GRPOConfig(
@@ -212,7 +196,7 @@ def time_trl(model_dir: Path, config: BenchConfig, rank: int | None, workdir: Pa
         peft_config=lora,
     )
     trainer.remove_callback(PrinterCallback)  # it would print the end-of-training metrics
-    timer = StepTimer()
+    timer = StepTimer()  # CPU-seconds
     trainer.add_callback(timer)
     trainer.train()
     return timer.seconds[config.warmup:]
@@ -253,20 +237,6 @@ def _run(config: BenchConfig, workdir: Path) -> dict:
     }
 
 
-def environment() -> dict[str, str | int]:
-    """Library versions, CPU, threads and git commit the numbers were taken with."""
-    return {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "trl": trl.__version__,
-        "peft": peft.__version__,
-        "cpu": cpu_model(),
-        "torch_threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count() or 0,
-        "commit": git_state(Path(__file__).parent)["commit"],
-    }
-
-
 def format_table(report: dict) -> str:
     """Samples per CPU-second per implementation, CPU-seconds per step per arm, and the ratio."""
     lines = [f"{'implementation':<40} {'samples / CPU-s':>16}"]
@@ -281,10 +251,8 @@ def format_table(report: dict) -> str:
 
 
 def quiet() -> None:
-    """Silence Hugging Face warnings and progress bars."""
-    warnings.filterwarnings("ignore")
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    """Silence Hugging Face warnings and progress bars, datasets' included."""
+    quiet_transformers()
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
 

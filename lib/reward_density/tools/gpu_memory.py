@@ -45,11 +45,15 @@ class DecoderShape:
         h, i = self.hidden, self.intermediate
         return [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]
 
+    def linear_weights(self) -> int:
+        """The weights of every decoder layer's linear layers together (what a token's pass multiplies by)."""
+        return self.layers * sum(a * b for a, b in self.linears())
+
     def parameters(self) -> int:
         """Every weight: embeddings, layers (linears and norms), final norm and the LM head unless tied."""
-        per_layer = sum(a * b for a, b in self.linears()) + 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+        norms = self.layers * (2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0))
         head = 0 if self.tied else self.vocab * self.hidden
-        return self.vocab * self.hidden + self.layers * per_layer + self.hidden + head
+        return self.vocab * self.hidden + self.linear_weights() + norms + self.hidden + head
 
     def lora_parameters(self, rank: int) -> int:
         """LoRA A and B of every linear layer of every decoder layer (the LM head is not adapted)."""
@@ -122,8 +126,7 @@ def student_memory(cell: dict[str, Any], rank: int | None, shape: DecoderShape =
 
 def _bf16_copy(shape: DecoderShape, with_head: bool) -> int:
     """Bytes of a bf16 copy of every decoder layer's linear weights, and of the LM head's when asked."""
-    linears = shape.layers * sum(a * b for a, b in shape.linears())
-    return (linears + (shape.vocab * shape.hidden if with_head else 0)) * BF16
+    return (shape.linear_weights() + (shape.vocab * shape.hidden if with_head else 0)) * BF16
 
 
 def scorer_memory(cell: dict[str, Any], shape: DecoderShape, tokens: int) -> float:

@@ -25,7 +25,6 @@ import statistics
 import tempfile
 import time
 import traceback
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,14 +35,13 @@ import torch
 import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
 from torch.profiler import ProfilerActivity, profile
-from transformers import MistralConfig, PreTrainedTokenizerFast, Qwen3Config, TrainerCallback
+from transformers import MistralConfig, PreTrainedTokenizerFast, Qwen3Config
 
 from ..data.answer_check import AnswerChecker
 from ..data.problems import Problem
 from ..experiment.cell import make_optimizer, make_policy, step_config
 from ..experiment.config import CellConfig
 from ..experiment.profiles import cell_config, find_profile, load_profile
-from ..experiment.provenance import cpu_model, git_state
 from ..grpo.precision import autocast, frozen_dtype
 from ..grpo.qwen3 import supports
 from ..grpo.sampler import sample_rollout
@@ -59,6 +57,7 @@ from .gpu_memory import (
     DecoderShape,
     student_memory,
 )
+from .measurement import StepTimer, environment, on_cuda, quiet, synchronize
 
 SCALES = {  # the models of each scale: the paper's, or tiny ones of the same architectures for a CPU
     "paper": {"student": QWEN3_1_7B, "teacher": QWEN3_8B, "prm": MATH_SHEPHERD_MISTRAL_7B},
@@ -163,11 +162,6 @@ def problem_set(count: int, words: int, vocab: int, seed: int) -> list[Problem]:
 # ------------------------------------------------------------------------------------ the floor
 
 
-def synchronize(device: str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _median_seconds(work: Callable[[], object], device: str, repeats: int = 10) -> float:
     """Median wall seconds of work() after three warmup calls, the device synchronised around each."""
     for _ in range(3):
@@ -203,7 +197,7 @@ def floor_seconds(shapes: dict[str, DecoderShape], cell: CellConfig, prompt_toke
     own FLOPs and gradient checkpointing's recomputation are left out (the first is small, the second a choice).
     """
     student, rows, new = shapes["student"], cell.prompts_per_step * cell.group_size, cell.max_new_tokens
-    layer_weights = student.layers * sum(a * b for a, b in student.linears())
+    layer_weights = student.linear_weights()
     head = student.vocab * student.hidden
     weights_read = (layer_weights + head) * BF16  # the embedding lookup reads one row per token
     mean_kv = rows * student.kv_cache_bytes(prompt_tokens + new // 2)
@@ -212,7 +206,7 @@ def floor_seconds(shapes: dict[str, DecoderShape], cell: CellConfig, prompt_toke
     backward = forward * (2 if cell.rank is None else 1)
     reference = forward if cell.beta > 0 or cell.track_kl else 0
     scorer = {"outcome": None, "process": shapes["prm"], "distillation": shapes["teacher"]}[cell.regime]
-    reward = 0 if scorer is None else 2 * scorer.layers * sum(a * b for a, b in scorer.linears()) * tokens
+    reward = 0 if scorer is None else 2 * scorer.linear_weights() * tokens
     if cell.regime == "distillation":
         reward += 2 * scorer.vocab * scorer.hidden * rows * new
     rate, bandwidth = probe["matmul_flops_per_s"], probe["bandwidth_bytes_per_s"]
@@ -258,21 +252,12 @@ def build_world(config: PaperBenchConfig, cell: CellConfig, checker: AnswerCheck
 
 
 def _allocated(device: str) -> int:
-    return torch.cuda.memory_allocated(device) if torch.device(device).type == "cuda" else 0
-
-
-def _peak(device: str) -> int | None:
-    return torch.cuda.max_memory_allocated(device) if torch.device(device).type == "cuda" else None
-
-
-def _reset_peak(device: str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device) if on_cuda(device) else 0
 
 
 def _free(device: str) -> None:
     gc.collect()
-    if torch.device(device).type == "cuda":
+    if on_cuda(device):
         torch.cuda.empty_cache()
 
 
@@ -315,7 +300,7 @@ def profile_decode(policy, world: World, step: StepConfig, config: PaperBenchCon
     launches (CUDA graphs, compilation), not faster kernels. The prompts' prefill is counted in, a small share.
     """
     device = torch.device(config.device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda(device) else [])
     sampling = dataclasses.replace(step.sampling, max_new_tokens=PROFILED_TOKENS)
     synchronize(config.device)
     start = time.perf_counter()
@@ -332,7 +317,8 @@ def profile_decode(policy, world: World, step: StepConfig, config: PaperBenchCon
 def _timed_step(policy, optimizer, world: World, regime: str, step: StepConfig, config: PaperBenchConfig,
                 seed: int) -> dict[str, float]:
     """One step: grpo_step's own phase timings, the wall time around it, peak memory (all, and the student's)."""
-    _reset_peak(config.device)
+    if on_cuda(config.device):
+        torch.cuda.reset_peak_memory_stats(config.device)
     synchronize(config.device)
     start = time.perf_counter()
     row = grpo_step(policy, world.tokenizer, optimizer, world.problems, world.rewards[regime], step, seed=seed)
@@ -340,28 +326,13 @@ def _timed_step(policy, optimizer, world: World, regime: str, step: StepConfig, 
     keep = ("step_seconds", "generate_seconds", "reward_seconds", "reference_seconds", "train_seconds",
             "len_mean", "frac_truncated", "steps_mean")
     timed = {key: float(row[key]) for key in keep} | {"wall_seconds": time.perf_counter() - start}
-    peak = _peak(config.device)
-    if peak is not None:
+    if on_cuda(config.device):
+        peak = torch.cuda.max_memory_allocated(config.device)
         timed |= {"peak_gib": peak / GIB, "student_peak_gib": (peak - world.scorer_bytes) / GIB}
     return timed
 
 
 # ------------------------------------------------------------------------------------ TRL
-
-
-class WallStepTimer(TrainerCallback):
-    """Wall seconds of each optimizer step of a trainer, the device synchronised before the clock stops."""
-
-    def __init__(self, device: str) -> None:
-        self.device, self.seconds, self._start = device, [], 0.0
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        synchronize(self.device)
-        self._start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        synchronize(self.device)
-        self.seconds.append(time.perf_counter() - self._start)
 
 
 def time_trl(world: World, cell: CellConfig, config: PaperBenchConfig, workdir: Path) -> dict[str, list]:
@@ -405,7 +376,7 @@ def time_trl(world: World, cell: CellConfig, config: PaperBenchConfig, workdir: 
         peft_config=lora,
     )
     trainer.remove_callback(transformers.PrinterCallback)
-    timer = WallStepTimer(config.device)
+    timer = StepTimer(time.perf_counter, config.device)  # wall seconds
     trainer.add_callback(timer)
     trainer.train()
     del trainer
@@ -415,14 +386,6 @@ def time_trl(world: World, cell: CellConfig, config: PaperBenchConfig, workdir: 
 
 
 # ------------------------------------------------------------------------------------ the report
-
-
-def environment(device: str) -> dict[str, Any]:
-    """Library versions, the device, the CPU and the git commit the numbers were taken with."""
-    gpu = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else None
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
-            "cuda": torch.version.cuda, "gpu": gpu, "cpu": cpu_model(),
-            "commit": git_state(Path(__file__).parent)["commit"]}
 
 
 def projected_gpu_hours(report: dict[str, Any], profile_name: str) -> dict[str, float]:
@@ -571,13 +534,6 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[PaperBenchConfig, Pat
 
 def _ranks_text(ranks: tuple[int | None, ...]) -> str:
     return ",".join("full" if r is None else str(r) for r in ranks)
-
-
-def quiet() -> None:
-    """Silence Hugging Face warnings and progress bars."""
-    warnings.filterwarnings("ignore")
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -1,0 +1,62 @@
+"""What the two benchmarks share: device-aware clocks, a trainer step timer, the environment they record."""
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import TrainerCallback
+
+from ..experiment.provenance import cpu_model, git_state, package_versions
+
+
+def on_cuda(device: str | torch.device) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def synchronize(device: str | torch.device) -> None:
+    """Wait for the device's queued work (a no-op off CUDA), so a clock read next includes it."""
+    if on_cuda(device):
+        torch.cuda.synchronize(device)
+
+
+class StepTimer(TrainerCallback):
+    """Seconds of each optimizer step of a trainer on a clock, the device synchronised before each reading."""
+
+    def __init__(self, clock: Callable[[], float] = time.process_time, device: str = "cpu") -> None:
+        self.clock, self.device, self.seconds, self._start = clock, device, [], 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        synchronize(self.device)
+        self._start = self.clock()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        synchronize(self.device)
+        self.seconds.append(self.clock() - self._start)
+
+
+def environment(device: str = "cpu") -> dict[str, Any]:
+    """Library versions, the GPU (if any), the CPU, threads and the git commit the numbers were taken with."""
+    versions = package_versions()
+    return {
+        "torch": torch.__version__,
+        **{name: versions[name] for name in ("transformers", "trl", "peft")},
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(device) if on_cuda(device) else None,
+        "cpu": cpu_model(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count() or 0,
+        "commit": git_state(Path(__file__).parent)["commit"],
+    }
+
+
+def quiet() -> None:
+    """Silence transformers' warnings and progress bars."""
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
