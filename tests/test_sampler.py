@@ -141,7 +141,7 @@ def test_finished_rows_leaving_the_batch_change_no_draw(tiny_tokenizer, monkeypa
     model = build_qwen3(len(tiny_tokenizer), seed=3)
     problems = [Problem(str(i), f"Problem: {i} + {i} = ?\n", str(2 * i)) for i in range(6)]
     config = SamplingConfig(16, temperature=1.0, top_p=0.9)
-    monkeypatch.setattr(sampler, "make_decoder", lambda model, rows, length: ScriptedDecoder(
+    monkeypatch.setattr(sampler, "make_decoder", lambda model, rows, length, kind: ScriptedDecoder(
         rows, len(tiny_tokenizer), tiny_tokenizer.eos_token_id))
     real, compactions = sampler._rows_to_keep, []
     monkeypatch.setattr(sampler, "_rows_to_keep", lambda *args: compactions.append(real(*args)) or compactions[-1])

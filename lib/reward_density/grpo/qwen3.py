@@ -205,17 +205,29 @@ def forward(
     mask = _attention_mask(key_mask.reshape(rows, -1), start, new)
     if allowed is not None:
         mask = mask & allowed.reshape(rows, 1, new, new)
-    for index, layer in enumerate(weights.layers):
-        h = rms_norm(x, layer["input_layernorm"], weights.shape.eps)
-        x = x + _attention(weights.shape, layer, h, cos, sin, mask, cache, index)
-        h = rms_norm(x, layer["post_attention_layernorm"], weights.shape.eps)
-        x = x + linear(F.silu(linear(h, layer["gate_proj"])) * linear(h, layer["up_proj"]), layer["down_proj"])
+    x = decoder_layers(weights, x, cos, sin, mask, cache)
     if cache is not None:
         cache.length = start + new
     if isinstance(keep, torch.Tensor):
         x = torch.gather(x.reshape(arms, batch * new, -1), 1, keep[..., None].expand(*keep.shape, x.shape[-1]))
     else:
         x = x[:, :, keep]
+    return lm_head(weights, x)
+
+
+def decoder_layers(weights: Qwen3Weights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                   cache) -> torch.Tensor:
+    """Hidden states [A, B, L, d] through every layer; cache: None, or anything with KVCache's store()."""
+    for index, layer in enumerate(weights.layers):
+        h = rms_norm(x, layer["input_layernorm"], weights.shape.eps)
+        x = x + _attention(weights.shape, layer, h, cos, sin, mask, cache, index)
+        h = rms_norm(x, layer["post_attention_layernorm"], weights.shape.eps)
+        x = x + linear(F.silu(linear(h, layer["gate_proj"])) * linear(h, layer["up_proj"]), layer["down_proj"])
+    return x
+
+
+def lm_head(weights: Qwen3Weights, x: torch.Tensor) -> torch.Tensor:
+    """Logits of final hidden states x [A, ..., d]."""
     return linear(rms_norm(x, weights.norm, weights.shape.eps), weights.lm_head)
 
 
@@ -298,8 +310,9 @@ class Decoder:
         self.batch = len(rows) // self.weights.arms
 
 
-def make_decoder(model: torch.nn.Module, batch_size: int, max_length: int) -> Decoder | None:
-    """A decoder for a model this forward reproduces (weights read once, here), else None."""
+def make_decoder(model: torch.nn.Module, batch_size: int, max_length: int,
+                 kind: type[Decoder] = Decoder) -> Decoder | None:
+    """A decoder of this kind for a model this forward reproduces (weights read once, here), else None."""
     if not supports(model):
         return None
-    return Decoder(weights_of(model), batch_size, max_length)
+    return kind(weights_of(model), batch_size, max_length)

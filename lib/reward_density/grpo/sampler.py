@@ -8,6 +8,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..data.problems import Problem
+from .cuda_graph import GraphedDecoder
 from .logprobs import position_ids_from_mask
 from .qwen3 import Decoder, Qwen3Weights, make_decoder
 from .rollout import Rollout
@@ -24,6 +25,7 @@ class SamplingConfig:
     max_new_tokens: int
     temperature: float = 0.7
     top_p: float = 1.0
+    cuda_graphs: bool = True  # on a GPU, each token's decode step replayed as one CUDA graph (cuda_graph.py)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0):
@@ -97,10 +99,11 @@ def _decode(model, arms, prompt_ids, prompt_mask, config, eos, pad, generator):
     rows, prompt_len = prompt_ids.shape
     per_arm = rows // arms
     max_length = prompt_len + config.max_new_tokens
+    kind = GraphedDecoder if config.cuda_graphs and prompt_ids.is_cuda else Decoder
     if isinstance(model, Qwen3Weights):
-        decoder = Decoder(model, per_arm, max_length)
+        decoder = kind(model, per_arm, max_length)
     else:
-        decoder = make_decoder(model, rows, max_length) or _TransformersDecoder(model)
+        decoder = make_decoder(model, rows, max_length, kind) or _TransformersDecoder(model)
     positions = position_ids_from_mask(prompt_mask)
     logits = decoder.prefill(prompt_ids, prompt_mask.long(), positions)
     next_position = positions[:, -1] + 1

@@ -44,7 +44,8 @@ from ..experiment.config import CellConfig
 from ..experiment.profiles import cell_config, find_profile, load_profile
 from ..grpo.precision import autocast, frozen_dtype
 from ..grpo.qwen3 import supports
-from ..grpo.sampler import sample_rollout
+from ..grpo.rollout import Rollout
+from ..grpo.sampler import SamplingConfig, sample_rollout
 from ..grpo.step import StepConfig, grpo_step
 from ..rewards import REGIMES, build_reward
 from .gpu_memory import (
@@ -274,7 +275,7 @@ def time_arm(world: World, cells: dict[str, CellConfig], config: PaperBenchConfi
         warmup = dataclasses.replace(step, sampling=dataclasses.replace(step.sampling, max_new_tokens=WARMUP_TOKENS))
         grpo_step(policy, world.tokenizer, optimizer, world.problems, world.rewards[regime], warmup, seed=config.seed)
     result: dict[str, Any] = {"trained_parameters": sum(p.numel() for p in policy.trainable_parameters()),
-                              "sampling_decoder": "ours (qwen3.py)" if supports(policy.model) else "transformers"}
+                              "sampling_decoder": _sampling_decoder(policy, settings, config)}
     for regime, step in settings.items():
         rows = [_timed_step(policy, optimizer, world, regime, step, config, seed=config.seed + 1 + i)
                 for i in range(config.steps)]
@@ -293,25 +294,56 @@ def time_arm(world: World, cells: dict[str, CellConfig], config: PaperBenchConfi
     return result
 
 
-def profile_decode(policy, world: World, step: StepConfig, config: PaperBenchConfig) -> dict[str, float]:
-    """Where a sampled token's time goes: ATen calls, and the device's kernel time against the wall time, per token.
+def _sampling_decoder(policy, settings: dict[str, StepConfig], config: PaperBenchConfig) -> str:
+    """Which decoder the timed steps sample with."""
+    if not supports(policy.model):
+        return "transformers"
+    graphs = on_cuda(config.device) and all(step.sampling.cuda_graphs for step in settings.values())
+    return "ours (qwen3.py), CUDA graphs" if graphs else "ours (qwen3.py)"
 
-    Kernel time far below the wall time means the GPU waits for the host to launch work: the cure is fewer
-    launches (CUDA graphs, compilation), not faster kernels. The prompts' prefill is counted in, a small share.
+
+def profile_decode(policy, world: World, step: StepConfig, config: PaperBenchConfig) -> dict[str, Any]:
+    """A sampled token's time, eager and replayed as a CUDA graph (the same on a CPU), and whether they agree.
+
+    For each, the wall time per token; for the eager decode, also its ATen calls and the device's kernel time under
+    torch.profiler (kernel time far below the wall time means the GPU waits for the host to launch work). A graph is
+    not recorded under the profiler: CUPTI and graph capture have crashed together in some CUDA versions. The
+    prompts' prefill and the graph's recording are counted in, a small share. The two draw with one seed, so their
+    tokens should agree but for rounding: the share of equal tokens, and the largest log-prob difference before a
+    row's tokens differ.
     """
+    result, rollouts = {}, {}
+    for mode, graphs in (("eager", False), ("cuda_graphs", True)):
+        sampling = dataclasses.replace(step.sampling, max_new_tokens=PROFILED_TOKENS, cuda_graphs=graphs)
+        result[mode], rollouts[mode] = _profiled_decode(policy, world, step, sampling, config, profiled=not graphs)
+    eager, graphed = rollouts["eager"], rollouts["cuda_graphs"]
+    equal = eager.completion_ids == graphed.completion_ids
+    before_divergence = equal.long().cumprod(-1).bool()
+    difference = (eager.sampler_logps - graphed.sampler_logps).abs()[before_divergence]
+    return result | {"tokens": PROFILED_TOKENS, "same_tokens": equal.float().mean().item(),
+                     "max_logp_difference": difference.max().item() if difference.numel() else float("nan")}
+
+
+def _profiled_decode(policy, world: World, step: StepConfig, sampling: SamplingConfig, config: PaperBenchConfig,
+                     profiled: bool) -> tuple[dict[str, float], Rollout]:
+    """One rollout's wall ms per token; if profiled, then another's ATen calls and kernel ms per token."""
     device = torch.device(config.device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda(device) else [])
-    sampling = dataclasses.replace(step.sampling, max_new_tokens=PROFILED_TOKENS)
-    synchronize(config.device)
-    start = time.perf_counter()
-    with profile(activities=activities) as profiler, autocast(device, step.precision), policy.sampling() as model:
-        sample_rollout(model, world.tokenizer, world.problems, step.group_size, sampling, config.seed)
-    synchronize(config.device)
-    wall = time.perf_counter() - start
+    with autocast(device, step.precision), policy.sampling() as model:
+        synchronize(config.device)
+        start = time.perf_counter()
+        rollout = sample_rollout(model, world.tokenizer, world.problems, step.group_size, sampling, config.seed)
+        synchronize(config.device)
+        timed = {"wall_ms_per_token": 1e3 * (time.perf_counter() - start) / PROFILED_TOKENS}
+        if not profiled:
+            return timed, rollout
+        with profile(activities=activities) as profiler:
+            sample_rollout(model, world.tokenizer, world.problems, step.group_size, sampling, config.seed)
+            synchronize(config.device)
     events = profiler.key_averages()
-    return {"tokens": PROFILED_TOKENS, "wall_ms_per_token": 1e3 * wall / PROFILED_TOKENS,
-            "aten_calls_per_token": sum(e.count for e in events if e.key.startswith("aten::")) / PROFILED_TOKENS,
-            "device_kernel_ms_per_token": sum(e.self_device_time_total for e in events) / 1e3 / PROFILED_TOKENS}
+    return timed | {
+        "aten_calls_per_token": sum(e.count for e in events if e.key.startswith("aten::")) / PROFILED_TOKENS,
+        "device_kernel_ms_per_token": sum(e.self_device_time_total for e in events) / 1e3 / PROFILED_TOKENS}, rollout
 
 
 def _timed_step(policy, optimizer, world: World, regime: str, step: StepConfig, config: PaperBenchConfig,
@@ -493,11 +525,17 @@ def format_table(report: dict[str, Any]) -> str:
                          f"{floor:>7.2f} {m['wall_seconds'] / floor:>7.1f} "
                          f"{'-' if peak is None else f'{peak:.1f}':>8} {result['estimated_student_gib']:>7.1f}")
     for arm, result in report["ours"].items():
-        if "decode_profile" in result:
-            d = result["decode_profile"]
-            lines.append(f"{arm} decode under the profiler: {d['aten_calls_per_token']:.0f} ATen calls, "
-                         f"{d['device_kernel_ms_per_token']:.2f} ms of kernels and {d['wall_ms_per_token']:.1f} ms "
-                         "of wall time per token")
+        profiled = result.get("decode_profile", {})
+        for mode in ("eager", "cuda_graphs"):
+            if mode in profiled:
+                d = profiled[mode]
+                lines.append(f"{arm} decode, {mode}: {d['wall_ms_per_token']:.1f} ms per token" + (
+                    f"; under the profiler {d['aten_calls_per_token']:.0f} ATen calls and "
+                    f"{d['device_kernel_ms_per_token']:.2f} ms of kernels per token" if "aten_calls_per_token" in d
+                    else ""))
+        if profiled:
+            lines.append(f"{arm} decode, eager vs graphs: {profiled['same_tokens']:.1%} of tokens equal, log-probs "
+                         f"within {profiled['max_logp_difference']:.2g} before rows diverge")
     for arm, result in report["trl"].items():
         shown = result["error"][:200] if "error" in result else \
             f"{statistics.median(result['wall_seconds']):.2f} s per step" if result["wall_seconds"] else "no timed step"

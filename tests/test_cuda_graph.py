@@ -1,0 +1,83 @@
+"""The fixed-shape decode step gives the eager decoder's logits; on a GPU its CUDA graph gives the same tokens."""
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+from reward_density.data.problems import Problem
+from reward_density.grpo.cuda_graph import GraphedDecoder, StaticDecoder
+from reward_density.grpo.logprobs import position_ids_from_mask
+from reward_density.grpo.qwen3 import Decoder, make_decoder
+from reward_density.grpo.sampler import SamplingConfig, sample_rollout
+from reward_density.tools.stand_ins import build_qwen3
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+PROBLEMS = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\nStep 1:", "41")]
+
+
+def _model(vocab: int, lora: bool, device: str = "cpu") -> torch.nn.Module:
+    model = build_qwen3(vocab, seed=2)
+    if lora:
+        model = get_peft_model(model, LoraConfig(r=2, lora_alpha=32, target_modules="all-linear"))
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "lora_" in name:
+                    parameter.normal_(0, 0.05)
+    return model.to(device).eval()
+
+
+def _decode_side_by_side(model, vocab: int, kinds: tuple[type[Decoder], ...], device: str = "cpu") -> list[list]:
+    """Each decoder's logits over 6 extended tokens from one left-padded batch of 4 rows: row 1 stops attending
+    after two tokens and rows [3, 0, 2] alone continue after the fourth (compaction). Every decoder is fed the
+    first decoder's greedy tokens, so a rounding difference cannot make their inputs diverge."""
+    torch.manual_seed(1)
+    ids = torch.randint(3, vocab, (4, 7), device=device)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    mask[2, :1] = 0
+    positions = position_ids_from_mask(mask)
+    decoders = [make_decoder(model, 4, 7 + 6, kind) for kind in kinds]
+    with torch.no_grad():
+        logits = [decoder.prefill(ids, mask, positions) for decoder in decoders]
+        seen, next_position = [logits], positions[:, -1:] + 1
+        for step in range(6):
+            token = logits[0].argmax(-1)
+            attend = torch.ones_like(token, dtype=torch.bool)
+            if step >= 2 and len(token) == 4:
+                attend[1] = False
+            logits = [decoder.extend(token, next_position + step, attend) for decoder in decoders]
+            seen.append(logits)
+            if step == 3:
+                keep = torch.tensor([3, 0, 2], device=device)
+                for decoder in decoders:
+                    decoder.keep_rows(keep)
+                logits, next_position = [x[keep] for x in logits], next_position[keep]
+    return seen
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_fixed_shape_step_gives_the_eager_decoders_logits(tiny_tokenizer, lora):
+    """Attending over the whole cache under a mask changes only the order of floating-point sums."""
+    model = _model(len(tiny_tokenizer), lora)
+    for token, (eager, static) in enumerate(_decode_side_by_side(model, len(tiny_tokenizer), (Decoder, StaticDecoder))):
+        torch.testing.assert_close(static, eager, atol=2e-5, rtol=1e-4, msg=f"logits differ at token {token}")
+
+
+@needs_cuda
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_cuda_graph_replays_the_fixed_shape_step(tiny_tokenizer, lora):
+    model = _model(len(tiny_tokenizer), lora, "cuda")
+    kinds = (StaticDecoder, GraphedDecoder)
+    for token, (static, graphed) in enumerate(_decode_side_by_side(model, len(tiny_tokenizer), kinds, "cuda")):
+        torch.testing.assert_close(graphed, static, atol=1e-5, rtol=1e-5, msg=f"logits differ at token {token}")
+
+
+@needs_cuda
+def test_sampling_with_cuda_graphs_draws_the_eager_tokens(tiny_tokenizer):
+    """The sampler's default on a GPU: the same completions as without graphs (in float32, where the two steps'
+    different summation orders stay far below any draw's margin), log-probs within rounding."""
+    model = _model(len(tiny_tokenizer), lora=True, device="cuda")
+    eager, graphed = (sample_rollout(model, tiny_tokenizer, PROBLEMS, 4, SamplingConfig(12, temperature=1.0,
+                                                                                       cuda_graphs=graphs), seed=5)
+                      for graphs in (False, True))
+    assert torch.equal(graphed.completion_ids, eager.completion_ids), "graphs must not change what is drawn"
+    torch.testing.assert_close(graphed.sampler_logps, eager.sampler_logps, atol=1e-4, rtol=0)
