@@ -6,7 +6,7 @@ from peft import LoraConfig, get_peft_model
 from reward_density.data.problems import Problem
 from reward_density.grpo.cuda_graph import GraphedDecoder, StaticDecoder
 from reward_density.grpo.logprobs import position_ids_from_mask
-from reward_density.grpo.qwen3 import Decoder, make_decoder
+from reward_density.grpo.qwen3 import Decoder, Qwen3Weights, make_decoder, weights_of
 from reward_density.grpo.sampler import SamplingConfig, sample_rollout
 from reward_density.tools.stand_ins import build_qwen3
 
@@ -25,9 +25,18 @@ def _model(vocab: int, lora: bool, device: str = "cpu") -> torch.nn.Module:
     return model.to(device).eval()
 
 
-def _decode_side_by_side(model, vocab: int, kinds: tuple[type[Decoder], ...], device: str = "cpu") -> list[list]:
+def _stacked(models: list[torch.nn.Module]) -> Qwen3Weights:
+    """Several models' weights as arms of one stacked forward (as stacked.py builds them for adapters)."""
+    arms = [weights_of(model) for model in models]
+    layers = [{key: torch.cat([arm.layers[i][key] for arm in arms]) for key in arms[0].layers[0]}
+              for i in range(len(arms[0].layers))]
+    return Qwen3Weights(torch.cat([arm.embed for arm in arms]), layers, torch.cat([arm.norm for arm in arms]),
+                        torch.cat([arm.lm_head for arm in arms]), arms[0].shape)
+
+
+def _decode_side_by_side(decoders: list[Decoder], vocab: int, keep: list[int], device: str = "cpu") -> list[list]:
     """Each decoder's logits over 6 extended tokens from one left-padded batch of 4 rows: row 1 stops attending
-    after two tokens and rows [3, 0, 2] alone continue after the fourth (compaction). Every decoder is fed the
+    after two tokens and the rows in keep alone continue after the fourth (compaction). Every decoder is fed the
     first decoder's greedy tokens, so a rounding difference cannot make their inputs diverge."""
     torch.manual_seed(1)
     ids = torch.randint(3, vocab, (4, 7), device=device)
@@ -35,7 +44,6 @@ def _decode_side_by_side(model, vocab: int, kinds: tuple[type[Decoder], ...], de
     mask[0, :3] = 0
     mask[2, :1] = 0
     positions = position_ids_from_mask(mask)
-    decoders = [make_decoder(model, 4, 7 + 6, kind) for kind in kinds]
     with torch.no_grad():
         logits = [decoder.prefill(ids, mask, positions) for decoder in decoders]
         seen, next_position = [logits], positions[:, -1:] + 1
@@ -47,10 +55,10 @@ def _decode_side_by_side(model, vocab: int, kinds: tuple[type[Decoder], ...], de
             logits = [decoder.extend(token, next_position + step, attend) for decoder in decoders]
             seen.append(logits)
             if step == 3:
-                keep = torch.tensor([3, 0, 2], device=device)
+                rows = torch.tensor(keep, device=device)
                 for decoder in decoders:
-                    decoder.keep_rows(keep)
-                logits, next_position = [x[keep] for x in logits], next_position[keep]
+                    decoder.keep_rows(rows)
+                logits, next_position = [x[rows] for x in logits], next_position[rows]
     return seen
 
 
@@ -58,7 +66,16 @@ def _decode_side_by_side(model, vocab: int, kinds: tuple[type[Decoder], ...], de
 def test_the_fixed_shape_step_gives_the_eager_decoders_logits(tiny_tokenizer, lora):
     """Attending over the whole cache under a mask changes only the order of floating-point sums."""
     model = _model(len(tiny_tokenizer), lora)
-    for token, (eager, static) in enumerate(_decode_side_by_side(model, len(tiny_tokenizer), (Decoder, StaticDecoder))):
+    decoders = [make_decoder(model, 4, 13, kind) for kind in (Decoder, StaticDecoder)]
+    for token, (eager, static) in enumerate(_decode_side_by_side(decoders, len(tiny_tokenizer), [3, 0, 2])):
+        torch.testing.assert_close(static, eager, atol=2e-5, rtol=1e-4, msg=f"logits differ at token {token}")
+
+
+def test_the_fixed_shape_step_gives_the_eager_decoders_logits_for_stacked_arms(tiny_tokenizer):
+    """Two arms of two rows each (arm-major), compacted to one row per arm."""
+    weights = _stacked([_model(len(tiny_tokenizer), lora=False), _model(len(tiny_tokenizer), lora=True)])
+    decoders = [kind(weights, 2, 13) for kind in (Decoder, StaticDecoder)]
+    for token, (eager, static) in enumerate(_decode_side_by_side(decoders, len(tiny_tokenizer), [1, 3])):
         torch.testing.assert_close(static, eager, atol=2e-5, rtol=1e-4, msg=f"logits differ at token {token}")
 
 
@@ -66,8 +83,8 @@ def test_the_fixed_shape_step_gives_the_eager_decoders_logits(tiny_tokenizer, lo
 @pytest.mark.parametrize("lora", [False, True])
 def test_the_cuda_graph_replays_the_fixed_shape_step(tiny_tokenizer, lora):
     model = _model(len(tiny_tokenizer), lora, "cuda")
-    kinds = (StaticDecoder, GraphedDecoder)
-    for token, (static, graphed) in enumerate(_decode_side_by_side(model, len(tiny_tokenizer), kinds, "cuda")):
+    decoders = [make_decoder(model, 4, 13, kind) for kind in (StaticDecoder, GraphedDecoder)]
+    for token, (static, graphed) in enumerate(_decode_side_by_side(decoders, len(tiny_tokenizer), [3, 0, 2], "cuda")):
         torch.testing.assert_close(graphed, static, atol=1e-5, rtol=1e-5, msg=f"logits differ at token {token}")
 
 
