@@ -306,8 +306,8 @@ def profile_decode(policy, world: World, step: StepConfig, config: PaperBenchCon
     """A sampled token's time, eager and replayed as a CUDA graph (the same on a CPU), and whether they agree.
 
     For each, the wall time per token; for the eager decode, also its ATen calls and the device's kernel time under
-    torch.profiler (kernel time far below the wall time means the GPU waits for the host to launch work). A graph is
-    not recorded under the profiler: CUPTI and graph capture have crashed together in some CUDA versions. The
+    torch.profiler (kernel time far below the wall time means the GPU waits for the host to launch work). Graphs are
+    not profiled: the profiler and CUDA graphs have crashed or hung together (pytorch/pytorch#75504, #135003). The
     prompts' prefill and the graph's recording are counted in, a small share. The two draw with one seed, so their
     tokens should agree but for rounding: the share of equal tokens, and the largest log-prob difference before a
     row's tokens differ.
