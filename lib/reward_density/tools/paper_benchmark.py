@@ -34,6 +34,7 @@ import peft
 import torch
 import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 from transformers import MistralConfig, PreTrainedTokenizerFast, Qwen3Config
 
@@ -73,6 +74,7 @@ PRM_WORDS = (UNK, PAD, EOS, "ки", "+", "-")  # Math-Shepherd's step tag and it
 MAX_POSITIONS = 4096
 WARMUP_TOKENS = 32  # the warmup steps' completion cap: kernels and optimizer state, not the timed shapes
 PROFILED_TOKENS = 32  # tokens sampled under torch.profiler, to see whether a decoded token waits on launches
+TOP_KERNELS = 12  # the kernels with the most device time, by name, in the decode profile
 
 
 @dataclass(frozen=True)
@@ -305,8 +307,9 @@ def _sampling_decoder(policy, settings: dict[str, StepConfig], config: PaperBenc
 def profile_decode(policy, world: World, step: StepConfig, config: PaperBenchConfig) -> dict[str, Any]:
     """A sampled token's time, eager and replayed as a CUDA graph (the same on a CPU), and whether they agree.
 
-    For each, the wall time per token; for the eager decode, also its ATen calls and the device's kernel time under
-    torch.profiler (kernel time far below the wall time means the GPU waits for the host to launch work). Graphs are
+    For each, the wall time per token; for the eager decode, also its ATen calls, kernels and the device's kernel time
+    under torch.profiler, and the kernels that take the most of it (kernel time far below the wall time means the GPU
+    waits for the host to launch work; many kernels of a few microseconds each mean fusion would pay). Graphs are
     not profiled: the profiler and CUDA graphs have crashed or hung together (pytorch/pytorch#75504, #135003). The
     prompts' prefill and the graph's recording are counted in, a small share. The two draw with one seed, so their
     tokens should agree but for rounding: the share of equal tokens, and the largest log-prob difference before a
@@ -340,10 +343,22 @@ def _profiled_decode(policy, world: World, step: StepConfig, sampling: SamplingC
         with profile(activities=activities) as profiler:
             sample_rollout(model, world.tokenizer, world.problems, step.group_size, sampling, config.seed)
             synchronize(config.device)
-    events = profiler.key_averages()
-    return timed | {
-        "aten_calls_per_token": sum(e.count for e in events if e.key.startswith("aten::")) / PROFILED_TOKENS,
-        "device_kernel_ms_per_token": sum(e.self_device_time_total for e in events) / 1e3 / PROFILED_TOKENS}, rollout
+    return timed | _per_token(profiler.key_averages()), rollout
+
+
+def _per_token(events) -> dict[str, Any]:
+    """ATen calls, kernels and kernel ms per profiled token, and the kernels that took the most device time.
+
+    Device time is summed over the device's own events only, as torch.profiler's table does: the ATen call that
+    launched a kernel reports the same time as its self device time, so a sum over every event counts it twice.
+    """
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    top = sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:TOP_KERNELS]
+    return {"aten_calls_per_token": sum(e.count for e in events if e.key.startswith("aten::")) / PROFILED_TOKENS,
+            "kernels_per_token": sum(e.count for e in kernels) / PROFILED_TOKENS,
+            "device_kernel_ms_per_token": sum(e.self_device_time_total for e in kernels) / 1e3 / PROFILED_TOKENS,
+            "top_kernels": [{"name": e.key[:160], "calls_per_token": e.count / PROFILED_TOKENS,
+                             "ms_per_token": e.self_device_time_total / 1e3 / PROFILED_TOKENS} for e in top]}
 
 
 def _timed_step(policy, optimizer, world: World, regime: str, step: StepConfig, config: PaperBenchConfig,
@@ -530,9 +545,10 @@ def format_table(report: dict[str, Any]) -> str:
             if mode in profiled:
                 d = profiled[mode]
                 lines.append(f"{arm} decode, {mode}: {d['wall_ms_per_token']:.1f} ms per token" + (
-                    f"; under the profiler {d['aten_calls_per_token']:.0f} ATen calls and "
-                    f"{d['device_kernel_ms_per_token']:.2f} ms of kernels per token" if "aten_calls_per_token" in d
-                    else ""))
+                    f"; under the profiler {d['aten_calls_per_token']:.0f} ATen calls, {d['kernels_per_token']:.0f} "
+                    f"kernels and {d['device_kernel_ms_per_token']:.2f} ms of them per token" + "".join(
+                        f"\n    {k['ms_per_token']:.3f} ms, {k['calls_per_token']:.0f} calls: {k['name'][:80]}"
+                        for k in d["top_kernels"]) if "aten_calls_per_token" in d else ""))
         if profiled:
             lines.append(f"{arm} decode, eager vs graphs: {profiled['same_tokens']:.1%} of tokens equal, log-probs "
                          f"within {profiled['max_logp_difference']:.2g} before rows diverge")
