@@ -1,7 +1,7 @@
 """The fixed-shape decode step gives the eager decoder's logits; on a GPU its CUDA graph gives the same tokens."""
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
+from test_qwen3 import with_lora
 
 from reward_density.data.problems import Problem
 from reward_density.grpo.cuda_graph import GraphedDecoder, StaticDecoder
@@ -16,13 +16,7 @@ PROBLEMS = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12
 
 def _model(vocab: int, lora: bool, device: str = "cpu") -> torch.nn.Module:
     model = build_qwen3(vocab, seed=2)
-    if lora:
-        model = get_peft_model(model, LoraConfig(r=2, lora_alpha=32, target_modules="all-linear"))
-        with torch.no_grad():
-            for name, parameter in model.named_parameters():
-                if "lora_" in name:
-                    parameter.normal_(0, 0.05)
-    return model.to(device).eval()
+    return (with_lora(model) if lora else model.eval()).to(device)
 
 
 def _stacked(models: list[torch.nn.Module]) -> Qwen3Weights:

@@ -25,7 +25,7 @@ def _left_padded_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.masked_fill(mask == 0, 0), mask
 
 
-def _lora(model: torch.nn.Module) -> torch.nn.Module:
+def with_lora(model: torch.nn.Module) -> torch.nn.Module:
     """A LoRA-wrapped copy whose adapters are non-zero, so they change the logits."""
     wrapped = get_peft_model(model, LoraConfig(r=2, lora_alpha=32, target_modules="all-linear"))
     with torch.no_grad():
@@ -71,11 +71,11 @@ def test_logits_match_with_tied_embeddings(tiny_tokenizer):
 
 
 def test_logits_match_an_unmerged_lora_model(tiny_tokenizer):
-    _assert_decoder_matches_forward(_lora(build_qwen3(len(tiny_tokenizer), seed=2)), len(tiny_tokenizer))
+    _assert_decoder_matches_forward(with_lora(build_qwen3(len(tiny_tokenizer), seed=2)), len(tiny_tokenizer))
 
 
 def test_a_disabled_adapter_decodes_the_base_model(tiny_tokenizer):
-    model = _lora(build_qwen3(len(tiny_tokenizer), seed=2))
+    model = with_lora(build_qwen3(len(tiny_tokenizer), seed=2))
     with model.disable_adapter():
         _assert_decoder_matches_forward(model, len(tiny_tokenizer))
 
@@ -89,7 +89,7 @@ def _rollout(model, tokenizer, config: SamplingConfig, fast: bool, monkeypatch) 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_rollouts_equal_the_transformers_path(tiny_tokenizer, monkeypatch, temperature):
-    model = _lora(build_qwen3(len(tiny_tokenizer), seed=4))
+    model = with_lora(build_qwen3(len(tiny_tokenizer), seed=4))
     config = SamplingConfig(max_new_tokens=12, temperature=temperature, top_p=0.95)
     fast = _rollout(model, tiny_tokenizer, config, True, monkeypatch)
     slow = _rollout(model, tiny_tokenizer, config, False, monkeypatch)

@@ -99,7 +99,7 @@ def _decode(model, arms, prompt_ids, prompt_mask, config, eos, pad, generator):
     rows, prompt_len = prompt_ids.shape
     per_arm = rows // arms
     max_length = prompt_len + config.max_new_tokens
-    kind = GraphedDecoder if config.cuda_graphs and prompt_ids.is_cuda else Decoder
+    kind = decoder_kind(config, prompt_ids.device)
     if isinstance(model, Qwen3Weights):
         decoder = kind(model, per_arm, max_length)
     else:
@@ -125,6 +125,11 @@ def _decode(model, arms, prompt_ids, prompt_mask, config, eos, pad, generator):
             active, token = active[keep], token[keep]
         logits = decoder.extend(token, next_position[active, None] + step, ~finished[active])
     return tokens, logps, finished
+
+
+def decoder_kind(config: SamplingConfig, device: torch.device) -> type[Decoder]:
+    """The decoder class sampling uses on this device (for a model qwen3.py reproduces): graphed on a GPU."""
+    return GraphedDecoder if config.cuda_graphs and device.type == "cuda" else Decoder
 
 
 def _uniforms(per_arm: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:

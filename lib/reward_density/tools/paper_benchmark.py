@@ -43,10 +43,11 @@ from ..data.problems import Problem
 from ..experiment.cell import make_optimizer, make_policy, step_config
 from ..experiment.config import CellConfig
 from ..experiment.profiles import cell_config, find_profile, load_profile
+from ..grpo.cuda_graph import GraphedDecoder
 from ..grpo.precision import autocast, frozen_dtype
 from ..grpo.qwen3 import supports
 from ..grpo.rollout import Rollout
-from ..grpo.sampler import SamplingConfig, sample_rollout
+from ..grpo.sampler import SamplingConfig, decoder_kind, sample_rollout
 from ..grpo.step import StepConfig, grpo_step
 from ..rewards import REGIMES, build_reward
 from .gpu_memory import (
@@ -277,7 +278,7 @@ def time_arm(world: World, cells: dict[str, CellConfig], config: PaperBenchConfi
         warmup = dataclasses.replace(step, sampling=dataclasses.replace(step.sampling, max_new_tokens=WARMUP_TOKENS))
         grpo_step(policy, world.tokenizer, optimizer, world.problems, world.rewards[regime], warmup, seed=config.seed)
     result: dict[str, Any] = {"trained_parameters": sum(p.numel() for p in policy.trainable_parameters()),
-                              "sampling_decoder": _sampling_decoder(policy, settings, config)}
+                              "sampling_decoder": _sampling_decoder(policy, settings[config.regimes[0]], config)}
     for regime, step in settings.items():
         rows = [_timed_step(policy, optimizer, world, regime, step, config, seed=config.seed + 1 + i)
                 for i in range(config.steps)]
@@ -296,12 +297,12 @@ def time_arm(world: World, cells: dict[str, CellConfig], config: PaperBenchConfi
     return result
 
 
-def _sampling_decoder(policy, settings: dict[str, StepConfig], config: PaperBenchConfig) -> str:
+def _sampling_decoder(policy, step: StepConfig, config: PaperBenchConfig) -> str:
     """Which decoder the timed steps sample with."""
     if not supports(policy.model):
         return "transformers"
-    graphs = on_cuda(config.device) and all(step.sampling.cuda_graphs for step in settings.values())
-    return "ours (qwen3.py), CUDA graphs" if graphs else "ours (qwen3.py)"
+    graphed = decoder_kind(step.sampling, torch.device(config.device)) is GraphedDecoder
+    return "ours (qwen3.py), CUDA graphs" if graphed else "ours (qwen3.py)"
 
 
 def profile_decode(policy, world: World, step: StepConfig, config: PaperBenchConfig) -> dict[str, Any]:
