@@ -45,6 +45,6 @@ def smoke_project(tmp_path_factory):
 
 
 def pytest_collection_finish(session):
-    """The golden notebooks read the smoke world under outputs/smoke/world: build it first (seconds; skipped if up to date)."""
+    """Build the smoke world (outputs/smoke/world) first: the golden notebooks read it (seconds; skipped if current)."""
     if any(str(item.path).endswith(".ipynb") for item in session.items):
         build_world(world_config("smoke"), SMOKE_WORLD, log=lambda line: None)

@@ -61,7 +61,8 @@ def distillation_like(seed):
 def test_advantages_equal_float64_reference(make, seed):
     rewards, deposits, valid = make(seed)
     got = compute_advantages(rewards, deposits, valid, group_size=4, eps=EPS)
-    want = torch.tensor(reference_advantages(rewards.tolist(), deposits.tolist(), valid.tolist(), 4, EPS), dtype=torch.float64)
+    want = torch.tensor(reference_advantages(rewards.tolist(), deposits.tolist(), valid.tolist(), 4, EPS),
+                        dtype=torch.float64)
     assert torch.allclose(got, want, atol=1e-6, rtol=0), f"max abs error {(got - want).abs().max():.3g}"
 
 
@@ -73,7 +74,8 @@ def test_outcome_gives_every_valid_token_its_group_normalised_scalar():
         scalar = (r - r.mean()) / (r.std() + EPS)
         for i in range(4):
             row = adv[g + i][valid[g + i]]
-            assert torch.allclose(row, scalar[i].expand_as(row)), f"row {g + i} is not constant at {scalar[i]:.4f}: {row}"
+            assert torch.allclose(row, scalar[i].expand_as(row)), (
+                f"row {g + i} is not constant at {scalar[i]:.4f}: {row}")
             assert torch.all(adv[g + i][~valid[g + i]] == 0), "padding got an advantage"
 
 

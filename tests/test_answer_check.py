@@ -44,7 +44,8 @@ def test_boxed_irrational_answer_verifies_and_a_prefix_of_it_does_not(checker):
     completions = [r"The length is \boxed{2\sqrt{113}}.", r"\boxed{\sqrt{452}}", r"\boxed{2}"]
     verdicts = checker.check([gold] * 3, completions)
     assert verdicts == [Verdict.CORRECT, Verdict.CORRECT, Verdict.WRONG], (
-        f"against gold {gold}: expected the exact and the equivalent answer correct and \\boxed{{2}} wrong, got {verdicts}"
+        f"against gold {gold}: expected the exact and the equivalent answer correct and \\boxed{{2}} wrong, "
+        f"got {verdicts}"
     )
 
 

@@ -37,23 +37,27 @@ def test_papermill_shows_a_type_for_every_notebook_parameter(tmp_path):
     assert not untyped, f"papermill --help-notebook shows no type for {untyped}"
     expected = ["profile", "regime", "rank", "seed", "cells_dir"] + [f.name for f in notebook_settings()]
     assert list(shown) == expected
-    assert shown["steps"]["inferred_type_name"] == "Optional[int]" and shown["rank"]["inferred_type_name"] == "Union[int, str, list]"
+    assert (shown["steps"]["inferred_type_name"] == "Optional[int]"
+            and shown["rank"]["inferred_type_name"] == "Union[int, str, list]")
 
 
 def test_every_setting_has_a_doc_a_check_and_a_section():
     for f in CellConfig.settings():
         assert f.metadata["doc"] and callable(f.metadata["check"]), f.name
-    assert all(f.default is not MISSING for f in CellConfig.settings("cell")), "a profile may leave out any cell setting"
+    assert all(f.default is not MISSING for f in CellConfig.settings("cell")), (
+        "a profile may leave out any cell setting")
 
 
 def test_the_notebook_and_the_runner_build_the_same_config_for_a_cell(tmp_path):
     """The runner passes every value; a papermill user passes the arm alone: both get the profile's cell."""
     profile = load_profile(find_profile("mini"))
-    from_runner = cell_config(profile, "outcome", None, 2, learning_rate=profile.matrix.learning_rate_of("outcome", None))
+    from_runner = cell_config(profile, "outcome", None, 2,
+                              learning_rate=profile.matrix.learning_rate_of("outcome", None))
     explicit = {f.name: v for f in notebook_settings() if (v := getattr(from_runner, f.name)) is not None}
     from_notebook = cell_config(load_profile(find_profile(str(profile.path))), "outcome", "full", 2, **explicit)
     assert from_notebook == from_runner == cell_config(profile, "outcome", "full", 2)
-    assert from_runner.learning_rate == profile.matrix.learning_rate_of("outcome", None) != profile.matrix.learning_rate_of("outcome", 1)
+    assert (from_runner.learning_rate == profile.matrix.learning_rate_of("outcome", None)
+            != profile.matrix.learning_rate_of("outcome", 1))
 
 
 def test_cell_names_round_trip():

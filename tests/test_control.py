@@ -38,7 +38,8 @@ def test_the_bits_to_learn_are_facts_times_the_values_entropy():
     assert ControlConfig(size=14, min_value=10, max_value=99).bits == pytest.approx(196 * math.log2(90))
 
 
-@pytest.mark.parametrize("settings, message", [({"size": 0}, "size >= 1"), ({"min_value": 9, "max_value": 5}, "min_value")])
+@pytest.mark.parametrize("settings, message",
+                         [({"size": 0}, "size >= 1"), ({"min_value": 9, "max_value": 5}, "min_value")])
 def test_a_bad_table_is_refused_with_the_setting_named(settings, message):
     with pytest.raises(ValueError, match=message):
         ControlConfig(**settings)

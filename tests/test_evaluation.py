@@ -44,8 +44,8 @@ def test_greedy_eval_scores_each_problem_once_and_matches_its_rows(tiny_tokenize
 def test_sampled_pass_at_k_reports_each_k_from_n_draws(tiny_tokenizer, checker):
     model = build_qwen3(len(tiny_tokenizer), seed=0)
     problems = [Problem("a", "Problem: 1 + 1 = ?\n", "2"), Problem("b", "Problem: 2 + 2 = ?\n", "4")]
-    scores, rows = sampled_pass_at_k(model, tiny_tokenizer, problems, checker, SamplingConfig(max_new_tokens=4, temperature=1.0),
-                                     n_samples=4, ks=[1, 4], seed=0)
+    scores, rows = sampled_pass_at_k(model, tiny_tokenizer, problems, checker,
+                                     SamplingConfig(max_new_tokens=4, temperature=1.0), n_samples=4, ks=[1, 4], seed=0)
     assert len(rows) == 8 and set(scores) == {1, 4}
     assert 0 <= scores[1] <= scores[4] <= 1
 

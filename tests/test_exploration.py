@@ -128,7 +128,8 @@ def test_the_verdict_reason_says_why(verdict, completion, expected):
 
 
 def test_learned_problems_come_first_and_forgotten_last():
-    answers = pd.DataFrame({"step": [0, 0, 0, 5, 5, 5], "problem_id": ["a", "b", "c"] * 2, "correct": [0, 1, 1, 1, 0, 1]})
+    answers = pd.DataFrame({"step": [0, 0, 0, 5, 5, 5], "problem_id": ["a", "b", "c"] * 2,
+                            "correct": [0, 1, 1, 1, 0, 1]})
     table = problem_changes(answers)
     assert table["problem_id"].tolist() == ["a", "c", "b"]
     assert table["change"].tolist() == [1, 0, -1]
@@ -147,7 +148,8 @@ def test_completions_are_followed_per_problem_over_the_evaluations():
 def test_the_reward_debug_notebook_samples_groups_and_shows_every_reward(smoke_project, tmp_path):
     out = tmp_path / "reward_debug.ipynb"
     execute_notebook(REPO_ROOT / "notebooks" / "reward_debug.py", out,
-                     {"profile": "smoke", "root": str(smoke_project), "regime": "process", "problems": 2, "group_size": 2})
+                     {"profile": "smoke", "root": str(smoke_project), "regime": "process", "problems": 2,
+                      "group_size": 2})
     text = outputs_text(out)
     assert "4 completions sampled: 2 for each of 2 problems" in text
     for column in ("outcome reward", "process reward", "distillation reward", "process mean advantage", "why"):

@@ -64,7 +64,8 @@ def lab(tmp_path_factory):
             except (urllib.error.URLError, ConnectionError):
                 if process.poll() is not None or time.time() > deadline:
                     process.kill()
-                    pytest.fail(f"JupyterLab did not start in {START_SECONDS} s; its log: {log_path.read_text()[-2000:]}")
+                    pytest.fail(f"JupyterLab did not start in {START_SECONDS} s; "
+                                f"its log: {log_path.read_text()[-2000:]}")
                 time.sleep(0.5)
         yield server
         process.terminate()
@@ -90,7 +91,8 @@ def test_the_server_refuses_a_request_without_its_token(lab):
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_every_notebook_is_served_as_a_notebook(lab, name):
     model = lab.api(f"/api/contents/notebooks/{name}?type=notebook&content=1")
-    assert model["type"] == "notebook", f"{name} is served as {model['type']}: jupytext's contents manager is not active"
+    assert model["type"] == "notebook", (
+        f"{name} is served as {model['type']}: jupytext's contents manager is not active")
     cells = model["content"]["cells"]
     assert any(c["cell_type"] == "markdown" for c in cells) and any(c["cell_type"] == "code" for c in cells)
     assert any("parameters" in c["metadata"].get("tags", []) for c in cells), f"{name} lost its parameters cell"
@@ -171,8 +173,9 @@ def test_jupyterlab_renders_a_study_notebook_in_headless_chromium(lab, tmp_path)
         heading = WebDriverWait(driver, 120).until(
             expected_conditions.visibility_of_element_located((By.CSS_SELECTOR, ".jp-Notebook .jp-MarkdownCell h1")))
         assert "Inside the rewards" in heading.text, f"the notebook's title rendered as {heading.text!r}"
-        WebDriverWait(driver, 60).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".jp-Notebook .jp-CodeCell")) >= 2,
-                                        "the notebook's code cells did not render")
+        WebDriverWait(driver, 60).until(
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, ".jp-Notebook .jp-CodeCell")) >= 2,
+            "the notebook's code cells did not render")
         driver.save_screenshot(str(tmp_path / "lab.png"))
     finally:
         driver.quit()

@@ -77,7 +77,8 @@ def test_every_module_sits_in_a_layered_subpackage():
 
 def test_imports_point_down_the_layers():
     wrong = [
-        f"{module} imports {target} ({layer(module)} may import only {', '.join(LAYERS[:LAYERS.index(layer(module)) + 1])})"
+        f"{module} imports {target} "
+        f"({layer(module)} may import only {', '.join(LAYERS[:LAYERS.index(layer(module)) + 1])})"
         for module, targets in import_graph().items() if layer(module)
         for target in targets if layer(target) and LAYERS.index(layer(target)) > LAYERS.index(layer(module))
     ]

@@ -59,7 +59,8 @@ def random_tensors(seed, n=6, t=7):
     return logps, old, ref, adv, valid, subset
 
 
-OPTIONS = list(itertools.product(["paper", "k3", "k1"], ["token_mean", "sequence_mean", "constant"], [0.0, 0.05], [False, True]))
+OPTIONS = list(itertools.product(["paper", "k3", "k1"], ["token_mean", "sequence_mean", "constant"], [0.0, 0.05],
+                                 [False, True]))
 
 
 @pytest.mark.parametrize("estimator,normalisation,beta,use_subset", OPTIONS)
@@ -67,7 +68,8 @@ OPTIONS = list(itertools.product(["paper", "k3", "k1"], ["token_mean", "sequence
 def test_loss_and_gradient_equal_float64_reference(estimator, normalisation, beta, use_subset, seed):
     logps, old, ref, adv, valid, subset = random_tensors(seed)
     subset = subset if use_subset else None
-    config = LossConfig(epsilon=EPSILON, beta=beta, kl_estimator=estimator, normalisation=normalisation, constant_length=9)
+    config = LossConfig(epsilon=EPSILON, beta=beta, kl_estimator=estimator, normalisation=normalisation,
+                        constant_length=9)
 
     mine = logps.clone().requires_grad_(True)
     out = grpo_loss(mine, old, adv, valid, config, ref_logps=ref if beta else None, token_subset=subset)
@@ -143,7 +145,8 @@ def test_no_regime_name_appears_in_the_loss_or_advantage_code(module):
     tree = ast.parse((GRPO / module).read_text())
     for node in ast.walk(tree):  # docstrings may talk about regimes; the code may not
         body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)):
             body.pop(0)
     source = ast.unparse(tree).lower()
     found = [name for name in ("outcome", "process", "distillation", "regime") if name in source]

@@ -63,7 +63,8 @@ def test_the_notebook_compares_the_studies_that_ran_and_names_the_rest(tmp_path)
     execute_notebook(REPO_ROOT / "notebooks" / "method_comparison.py", tmp_path / "run.ipynb",
                      {"outputs_dir": str(out), "methods": {"GRPO": "grpo", "S-GRPO": "sgrpo", "T-SPMO": "tspmo"},
                       "memory_ranks": []})
-    printed = "".join(o.get("text", "") for c in nbformat.read(tmp_path / "run.ipynb", 4).cells for o in c.get("outputs", []))
+    printed = "".join(o.get("text", "") for c in nbformat.read(tmp_path / "run.ipynb", 4).cells
+                      for o in c.get("outputs", []))
     assert "S-GRPO: left out" in printed and "compared: GRPO, T-SPMO" in printed
     report = (out / "method_comparison.md").read_text()
     assert "GRPO vs T-SPMO" in report

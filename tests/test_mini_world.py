@@ -1,4 +1,4 @@
-"""The mini world: the task's golds verify, a smoke world builds, reloads through from_pretrained and feeds every reward."""
+"""The mini world: golds verify, a smoke world builds, reloads through from_pretrained and feeds every reward."""
 import json
 import random
 

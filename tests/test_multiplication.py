@@ -54,8 +54,10 @@ def test_a_gold_that_is_not_an_integer_and_an_unknown_format_are_refused():
 
 def test_a_multiplication_world_builds_with_its_own_answer_format(tmp_path):
     world = build_world(world_config("smoke_mult"), tmp_path, log=lambda line: None)
-    assert world["components"]["problems"]["example"].endswith(f"Answer: {last_integer(world['components']['problems']['example'])}")
+    assert world["components"]["problems"]["example"].endswith(
+        f"Answer: {last_integer(world['components']['problems']['example'])}")
     first = json.loads((tmp_path / "problems" / "heldout.jsonl").read_text().splitlines()[0])
     a, b = map(int, first["expression"].split("*"))
-    assert first["answer"] == str(a * b) and "\\boxed" not in read_problems(tmp_path / "problems" / "heldout.jsonl")[0].solution
+    assert (first["answer"] == str(a * b)
+            and "\\boxed" not in read_problems(tmp_path / "problems" / "heldout.jsonl")[0].solution)
     assert (tmp_path / "student" / "config.json").is_file() and (tmp_path / "prm" / "config.json").is_file()

@@ -142,7 +142,8 @@ def test_the_swept_stopping_run_is_the_stopping_run_at_the_rates_its_committed_s
                        for name in ("mini_process_stopping", "mini_process_stopping_swept"))
     chosen = pd.read_csv(REPO_ROOT / "outputs" / "mini_sweep_stopping" / "chosen_rates.csv").set_index("regime")
     assert swept.matrix.learning_rate["process"] == {arm: (chosen.loc["process", arm],) for arm in ("lora", "full")}, (
-        "params/mini_process_stopping_swept.yaml does not train at outputs/mini_sweep_stopping/chosen_rates.csv's rates")
+        "params/mini_process_stopping_swept.yaml does not train at "
+        "outputs/mini_sweep_stopping/chosen_rates.csv's rates")
     assert replace(swept.matrix, learning_rate=stopping.matrix.learning_rate) == stopping.matrix
     assert (swept.world, swept.cell, swept.analysis) == (stopping.world, stopping.cell, stopping.analysis)
 
@@ -289,7 +290,8 @@ def test_cell_config_merges_profile_arm_and_root(tmp_path):
 def test_a_setting_left_out_takes_the_arm_rate_and_the_profile_value():
     smoke = load_profile(find_profile("smoke"))
     full, lora = (cell_config(smoke, "outcome", rank, 0) for rank in ("full", 1))
-    assert (full.learning_rate, lora.learning_rate) == (smoke.matrix.learning_rate_of("outcome", None), smoke.matrix.learning_rate_of("outcome", 1))
+    assert (full.learning_rate, lora.learning_rate) == (smoke.matrix.learning_rate_of("outcome", None),
+                                                        smoke.matrix.learning_rate_of("outcome", 1))
     assert full.steps == smoke.cell["steps"] and full.max_new_tokens == smoke.cell["max_new_tokens"]
     assert cell_config(smoke, "outcome", "full", 0, steps=7, learning_rate=0.5).steps == 7
 
@@ -314,7 +316,8 @@ def test_a_rank_that_is_not_a_positive_integer_or_full_is_refused(rank, message)
 def test_a_profile_may_leave_out_cell_settings_and_gets_the_schema_defaults(tmp_path):
     profile = load_profile(write_profile(tmp_path, tiny(cell__steps=None, cell__max_new_tokens=None)))
     defaults = {f.name: f.default for f in CellConfig.settings("cell")}
-    assert profile.cell["steps"] == defaults["steps"] == 100 and profile.cell["max_new_tokens"] == defaults["max_new_tokens"]
+    assert (profile.cell["steps"] == defaults["steps"] == 100
+            and profile.cell["max_new_tokens"] == defaults["max_new_tokens"])
     assert set(profile.cell) == set(defaults)
     bare = load_profile(write_profile(tmp_path, tiny(cell=None)))
     assert bare.cell == defaults
@@ -342,7 +345,8 @@ def test_world_entry_rule(tmp_path):
         ({"extra": 1}, "extra: unknown key", "allowed keys in the profile: profile, world"),
         ({"matrix__rank": [1]}, "matrix.rank: unknown key", "regimes, ranks, full_ft, seeds, learning_rate"),
         ({"cell__lr": 0.1}, "cell.lr: unknown key", "allowed keys in cell: steps"),
-        ({"world__tokenizer": "x"}, "world.tokenizer: unknown key", "student, teacher, prm, problems, control, heldout"),
+        ({"world__tokenizer": "x"}, "world.tokenizer: unknown key",
+         "student, teacher, prm, problems, control, heldout"),
         ({"analysis": None}, "analysis: missing key", "required in the profile"),
         ({"matrix__ranks": [1, 0]}, "matrix.ranks[1] = 0", "a positive integer"),
         ({"matrix__ranks": [-2]}, "matrix.ranks[0] = -2", "a positive integer"),
@@ -450,6 +454,7 @@ def test_a_regime_may_train_its_own_number_of_steps_and_the_others_keep_the_cell
 def test_a_learning_rate_sweep_is_a_matrix_axis_with_tagged_cell_names(tmp_path):
     profile = load_profile(write_profile(tmp_path, tiny(matrix__learning_rate={"lora": [1e-3, 3e-3], "full": 1e-4},
                                                         matrix__regimes=["outcome"], matrix__ranks=[1])))
-    assert [c.name for c in profile.cells()] == ["outcome-r1-lr0.001-s0", "outcome-r1-lr0.003-s0", "outcome-rfull-lr0.0001-s0"]
+    assert [c.name for c in profile.cells()] == ["outcome-r1-lr0.001-s0", "outcome-r1-lr0.003-s0",
+                                                 "outcome-rfull-lr0.0001-s0"]
     with pytest.raises(ValueError, match="sweeps 2 learning rates"):
         profile.matrix.learning_rate_of("outcome", 1)

@@ -33,7 +33,8 @@ def test_micro_batch_losses_add_up_to_the_whole_batch_loss_and_gradient(normalis
     shares = [grpo_loss(logps[r], old[r], advantages[r], mask[r], config, ref_logps=ref[r], totals=totals).loss
               for r in micro_batches(n, 4)]
     (shared_grad,) = torch.autograd.grad(sum(shares), logps)
-    assert float(sum(shares).detach()) == pytest.approx(float(whole.detach()), abs=1e-12), "micro-batch shares do not sum to the loss"
+    assert float(sum(shares).detach()) == pytest.approx(float(whole.detach()), abs=1e-12), (
+        "micro-batch shares do not sum to the loss")
     assert torch.allclose(shared_grad, whole_grad, atol=1e-12), "micro-batched gradients differ from the whole batch's"
 
 

@@ -17,7 +17,8 @@ EPS = 1e-4
 @pytest.fixture(scope="module")
 def rollout(tiny_tokenizer):
     student = build_qwen3(len(tiny_tokenizer), seed=0)
-    return sample_rollout(student, tiny_tokenizer, PROBLEMS, 4, SamplingConfig(max_new_tokens=10, temperature=0.7), seed=0)
+    return sample_rollout(student, tiny_tokenizer, PROBLEMS, 4, SamplingConfig(max_new_tokens=10, temperature=0.7),
+                          seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,8 @@ def test_outcome_advantage_is_the_group_normalised_scalar_on_every_valid_token(r
 
 
 def test_unknown_regime_is_refused_naming_the_known_ones():
-    with pytest.raises(ValueError, match=r"unknown regime 'dense'; expected one of \('outcome', 'process', 'distillation'\)"):
+    with pytest.raises(ValueError,
+                       match=r"unknown regime 'dense'; expected one of \('outcome', 'process', 'distillation'\)"):
         build_reward("dense")
 
 

@@ -26,7 +26,8 @@ def model(tiny_tokenizer):
 
 
 def test_masks_include_eos_and_nothing_after_it(model, tiny_tokenizer):
-    rollout = sample_rollout(model, tiny_tokenizer, PROBLEMS, 4, SamplingConfig(max_new_tokens=12, temperature=1.0), seed=0)
+    rollout = sample_rollout(model, tiny_tokenizer, PROBLEMS, 4, SamplingConfig(max_new_tokens=12, temperature=1.0),
+                             seed=0)
     eos, pad = tiny_tokenizer.eos_token_id, tiny_tokenizer.pad_token_id
     assert rollout.truncated.any() and (~rollout.truncated).any(), "the test needs both ended and truncated rows"
     for ids, mask, truncated in zip(rollout.completion_ids, rollout.completion_mask, rollout.truncated):
@@ -69,7 +70,8 @@ def test_same_seed_gives_the_same_completions_and_another_seed_differs(model, ti
 def test_greedy_matches_transformers_generate(tiny_tokenizer):
     model = build_qwen3(len(tiny_tokenizer), seed=4)
     problem = PROBLEMS[1]
-    rollout = sample_rollout(model, tiny_tokenizer, [problem], 1, SamplingConfig(max_new_tokens=8, temperature=0.0), seed=0)
+    rollout = sample_rollout(model, tiny_tokenizer, [problem], 1, SamplingConfig(max_new_tokens=8, temperature=0.0),
+                             seed=0)
     ids = tiny_tokenizer(problem.prompt, return_tensors="pt")["input_ids"]
     expected = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=tiny_tokenizer.eos_token_id,
                               pad_token_id=tiny_tokenizer.pad_token_id)[0, ids.shape[1]:]
@@ -78,8 +80,10 @@ def test_greedy_matches_transformers_generate(tiny_tokenizer):
 
 
 def test_tiny_top_p_samples_the_greedy_token(model, tiny_tokenizer):
-    greedy = sample_rollout(model, tiny_tokenizer, PROBLEMS, 1, SamplingConfig(max_new_tokens=6, temperature=0.0), seed=0)
-    nucleus = sample_rollout(model, tiny_tokenizer, PROBLEMS, 1, SamplingConfig(max_new_tokens=6, temperature=1.0, top_p=1e-6), seed=9)
+    greedy = sample_rollout(model, tiny_tokenizer, PROBLEMS, 1, SamplingConfig(max_new_tokens=6, temperature=0.0),
+                            seed=0)
+    nucleus = sample_rollout(model, tiny_tokenizer, PROBLEMS, 1,
+                             SamplingConfig(max_new_tokens=6, temperature=1.0, top_p=1e-6), seed=9)
     assert torch.equal(greedy.completion_ids, nucleus.completion_ids)
 
 
@@ -106,11 +110,13 @@ def test_draws_follow_the_tempered_top_p_distribution():
     probs = torch.softmax(logits / config.temperature, dim=-1)
     kept = (probs.cumsum(-1) - probs) <= config.top_p  # sorted already: the smallest prefix reaching top_p
     expected = torch.where(kept, probs, 0.0) / probs[kept].sum()
-    tokens, logps = _pick(logits.expand(40_000, -1), config, torch.rand(40_000, 1, generator=torch.Generator().manual_seed(0)))
+    tokens, logps = _pick(logits.expand(40_000, -1), config,
+                          torch.rand(40_000, 1, generator=torch.Generator().manual_seed(0)))
     observed = torch.bincount(tokens, minlength=5).float() / len(tokens)
     assert observed[~kept].sum() == 0, f"a token outside the top-p set was drawn: {observed}"
     torch.testing.assert_close(observed, expected, atol=0.01, rtol=0, msg=f"draw frequencies {observed} vs {expected}")
-    torch.testing.assert_close(logps, torch.log(probs)[tokens], msg="log-probs are taken under the full tempered distribution")
+    torch.testing.assert_close(logps, torch.log(probs)[tokens],
+                               msg="log-probs are taken under the full tempered distribution")
 
 
 class ScriptedDecoder:

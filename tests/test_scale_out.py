@@ -219,7 +219,8 @@ while args and args[0].startswith("--"):
     if option in files:
         files[option] = args.pop(0)
 def fill(path):
-    return path.replace("%A", os.environ["SLURM_ARRAY_JOB_ID"]).replace("%a", os.environ["SLURM_ARRAY_TASK_ID"]).replace("%t", "0")
+    job, task = os.environ["SLURM_ARRAY_JOB_ID"], os.environ["SLURM_ARRAY_TASK_ID"]
+    return path.replace("%A", job).replace("%a", task).replace("%t", "0")
 os.dup2(os.open(fill(files["--output"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND), 1)
 os.dup2(os.open(fill(files["--error"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND), 2)
 os.execvp(args[0], args)

@@ -20,7 +20,8 @@ def test_environment_yml_mirrors_every_pip_dependency():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip_block = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     listed = requirement_names(r for r in pip_block if not r.startswith("-e"))
-    assert wanted == listed, f"only in pyproject: {sorted(wanted - listed)}; only in environment.yml: {sorted(listed - wanted)}"
+    assert wanted == listed, (
+        f"only in pyproject: {sorted(wanted - listed)}; only in environment.yml: {sorted(listed - wanted)}")
 
 
 def test_ci_runs_the_readme_test_command():

@@ -156,7 +156,8 @@ def test_the_reference_pass_runs_only_for_a_kl_penalty_or_tracked_kl(model, tiny
     for cls in (StackedPolicy, Policy):
         original = cls.reference_logprobs
         monkeypatch.setattr(cls, "reference_logprobs",
-                            lambda self, *args, _original=original, **kwargs: calls.append(1) or _original(self, *args, **kwargs))
+                            lambda self, *args, _original=original, **kwargs:
+                            calls.append(1) or _original(self, *args, **kwargs))
     config = StepConfig(2, SamplingConfig(6, temperature=0.7), LossConfig(beta=beta), track_kl=track_kl)
     stacked = StackedPolicy(copy.deepcopy(model), CONFIGS, SEED)
     optimizer = torch.optim.SGD([p for a in range(stacked.n_arms) for p in stacked.parameters(a)], lr=0.0)

@@ -21,7 +21,8 @@ from reward_density.analysis.statistics import (
 def arm(correct: dict[int, list[int]]) -> pd.DataFrame:
     """Per-problem results of one arm from {seed: [correct of problem p0, p1, ...]}."""
     return pd.DataFrame(
-        [{"seed": s, "problem_id": f"p{i}", "correct": c} for s, values in correct.items() for i, c in enumerate(values)]
+        [{"seed": s, "problem_id": f"p{i}", "correct": c}
+         for s, values in correct.items() for i, c in enumerate(values)]
     )
 
 

@@ -52,7 +52,8 @@ def test_full_fine_tuning_keeps_a_reference_copy_only_when_beta_is_positive(tiny
     with_kl, metrics, _, _ = run_step(tiny_model_dir, tiny_tokenizer, rank=None, beta=0.05)
     without, metrics_free, _, _ = run_step(tiny_model_dir, tiny_tokenizer, rank=None, beta=0.0)
     assert with_kl.has_reference and not without.has_reference
-    assert metrics["kl_ref"] >= 0 and metrics_free["kl_ref"] != metrics_free["kl_ref"], "beta 0 must skip the reference pass"
+    assert metrics["kl_ref"] >= 0 and metrics_free["kl_ref"] != metrics_free["kl_ref"], (
+        "beta 0 must skip the reference pass")
 
 
 @pytest.mark.parametrize("rank", [1, None])

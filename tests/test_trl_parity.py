@@ -67,10 +67,12 @@ def gradients(model):
 @pytest.mark.parametrize("token_level_advantages", [False, True])
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 @pytest.mark.parametrize("loss_type", list(NORMALISATIONS))
-def test_loss_and_gradients_match_trl_grpo_trainer(tiny_model_dir, tiny_tokenizer, tmp_path, loss_type, beta, token_level_advantages):
+def test_loss_and_gradients_match_trl_grpo_trainer(tiny_model_dir, tiny_tokenizer, tmp_path, loss_type, beta,
+                                                   token_level_advantages):
     trainer = build_trainer(tiny_model_dir, tiny_tokenizer, loss_type, beta, tmp_path)
     model = trainer.model
-    prompt_ids, completion_ids, completion_mask, advantages, g = identical_tensors(len(tiny_tokenizer), 1, token_level_advantages)
+    prompt_ids, completion_ids, completion_mask, advantages, g = identical_tensors(len(tiny_tokenizer), 1,
+                                                                                   token_level_advantages)
     prompt_mask = torch.ones_like(prompt_ids)
 
     with torch.no_grad():

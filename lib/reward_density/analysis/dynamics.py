@@ -78,11 +78,12 @@ def collapse_table(cells: Cells) -> Table:
         curve = cells.evals[cells.evals["regime"] == regime].groupby("step")["pass1"].mean().sort_index()
         peak_step = curve.idxmax()
         after = curve[(curve.index > peak_step) & (curve < curve.get(0, np.nan))]
+        last = history[history["step"] == history["step"].max()]
+        truncated = last["frac_truncated"].mean() if "frac_truncated" in history else float("nan")
         rows.append({"regime": regime, "advantage_std_peak_step": advantage_peak, "length_peak_step": length_peak,
                      "pass1_peak_step": int(peak_step), "pass1_peak": curve[peak_step],
                      "collapse_step": float(after.index[0]) if len(after) else float("nan"),
-                     "final_frac_truncated": history.loc[history["step"] == history["step"].max(), "frac_truncated"].mean()
-                     if "frac_truncated" in history else float("nan")})
+                     "final_frac_truncated": truncated})
     frame = pd.DataFrame(rows, columns=["regime", "advantage_std_peak_step", "length_peak_step", "pass1_peak_step",
                                         "pass1_peak", "collapse_step", "final_frac_truncated"])
     lines = [[r.regime, f"{r.advantage_std_peak_step:.0f}", _step(r.length_peak_step),

@@ -30,7 +30,8 @@ def final_kl(cells: Cells) -> pd.DataFrame:
         last = steps["step"].max()
         tail = steps[steps["step"] > last * (1 - END_FRACTION)]
         first = steps.iloc[0]
-        rows.append({"regime": first["regime"], "arm": first["arm"], "seed": first["seed"], "kl": tail["kl_ref"].mean()})
+        rows.append({"regime": first["regime"], "arm": first["arm"], "seed": first["seed"],
+                     "kl": tail["kl_ref"].mean()})
     return pd.DataFrame(rows, columns=["regime", "arm", "seed", "kl"])
 
 

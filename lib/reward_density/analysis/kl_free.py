@@ -23,8 +23,8 @@ def with_without_kl(with_kl: Cells, without_kl: Cells, margin: float, confidence
             a, b = (frame[(frame["regime"] == regime) & (frame["arm"] == arm)] for frame in (dropped, kept))
             if a.empty or b.empty or not set(a["seed"]) & set(b["seed"]):
                 continue
-            rows.append({"regime": regime, "arm": arm, "with_kl": b["correct"].mean(), "without_kl": a["correct"].mean(),
-                         **comparison(a, b, margin, confidence)})
+            rows.append({"regime": regime, "arm": arm, "with_kl": b["correct"].mean(),
+                         "without_kl": a["correct"].mean(), **comparison(a, b, margin, confidence)})
     columns = ["regime", "arm", "with_kl", "without_kl", "estimate", "ci_low", "ci_high", "tost_low", "tost_high",
                "mdd", "verdict", "n_seeds", "n_problems"]
     frame = pd.DataFrame(rows, columns=columns)
@@ -51,8 +51,8 @@ def ablation_table(with_kl: Cells, without_kl: Cells, regime: str = ABLATION_REG
             if s.empty:
                 continue
             rows.append({"arm": arm, "penalty": penalty, "base": s["base_pass1"].mean(), "peak": s["peak_pass1"].mean(),
-                         "final": s["final_pass1"].mean(), "collapsed_seeds": int((s["final_pass1"] < s["base_pass1"]).sum()),
-                         "seeds": len(s)})
+                         "final": s["final_pass1"].mean(),
+                         "collapsed_seeds": int((s["final_pass1"] < s["base_pass1"]).sum()), "seeds": len(s)})
     frame = pd.DataFrame(rows, columns=["arm", "penalty", "base", "peak", "final", "collapsed_seeds", "seeds"])
     lines = [[r.arm, r.penalty, f"{r.base:.3f}", f"{r.peak:.3f}", f"{r.final:.3f}", f"{r.collapsed_seeds} of {r.seeds}"]
              for r in frame.itertuples()]
@@ -75,8 +75,8 @@ def write_kl_comparison(with_kl: Cells, without_kl: Cells, out_dir: str | Path, 
         "",
         "## Accuracy",
         "",
-        f"Final greedy pass@1 without minus with the penalty, paired over seeds and held-out problems; {confidence:.0%} "
-        "crossed interval; TOST: equivalent when the interval of the test lies inside the margin.",
+        "Final greedy pass@1 without minus with the penalty, paired over seeds and held-out problems; "
+        f"{confidence:.0%} crossed interval; TOST: equivalent when the interval of the test lies inside the margin.",
         "",
         compared.markdown,
         f"## The ablation of the seed paper's Figure 3 ({ABLATION_REGIME}, {' and '.join(ABLATION_ARMS)})",

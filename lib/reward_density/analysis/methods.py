@@ -67,7 +67,8 @@ def loss_tokens(studies: dict[str, Cells], regime: str) -> Table:
     frame = pd.DataFrame(rows)
     lines = [[r.method, f"{r.loss_tokens:.1f}", f"{r.loss_tokens_first_100:.1f}", f"{r.len_mean:.1f}", f"{r.share:.0%}"]
              for r in frame.itertuples()]
-    header = ["method", "loss tokens per completion", "in the first 100 steps", "completion length", "share in the loss"]
+    header = ["method", "loss tokens per completion", "in the first 100 steps", "completion length",
+              "share in the loss"]
     return Table(frame, markdown_table(header, lines))
 
 

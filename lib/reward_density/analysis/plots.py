@@ -57,14 +57,16 @@ def plot_pass1_vs_rank(cells: Cells, path: str | Path) -> Figure:
     for ax, regime in zip(axes, regimes(cells)):
         rows = table[table["regime"] == regime]
         # Process also at its peak (dotted, FullFT without a band); the end of training always has the band.
-        series = [("process (end)", "-", " end"), ("process (peak)", ":", " peak")] if regime == "process" else [(regime, "-", "")]
+        series = ([("process (end)", "-", " end"), ("process (peak)", ":", " peak")] if regime == "process"
+                  else [(regime, "-", "")])
         for i, (label, style, suffix) in enumerate(series):
             of_row = rows[rows["row"] == label]
             lora = of_row[of_row["arm"].str.startswith("r")]
             if not lora.empty:
-                ax.errorbar(lora["arm"].str[1:].astype(int), lora["mean"], yerr=lora["sd"].fillna(0), fmt="os"[i] + style,
-                            color=f"C{i}", capsize=3, label=f"LoRA{suffix}")
-            _hline(ax, of_row[of_row["arm"] == "full"], "k", style, f"FullFT{suffix}" + (" ± sd" if i == 0 else ""), band=i == 0)
+                ax.errorbar(lora["arm"].str[1:].astype(int), lora["mean"], yerr=lora["sd"].fillna(0),
+                            fmt="os"[i] + style, color=f"C{i}", capsize=3, label=f"LoRA{suffix}")
+            _hline(ax, of_row[of_row["arm"] == "full"], "k", style, f"FullFT{suffix}" + (" ± sd" if i == 0 else ""),
+                   band=i == 0)
         _hline(ax, rows[rows["arm"] == "base"].head(1), "grey", "--", "base", band=False)
         _rank_axis(ax, ranks(cells))
         ax.set(title=regime, xlabel="LoRA rank", ylabel="greedy pass@1")
@@ -103,7 +105,8 @@ def plot_peak_advantage_std(cells: Cells, path: str | Path) -> Figure:
         if values.empty:
             continue
         ax.bar(i, values.mean(), color="lightsteelblue", edgecolor="steelblue")
-        ax.annotate(f"{values.mean():.2f}", (i, values.mean()), ha="center", va="bottom", xytext=(0, 2), textcoords="offset points")
+        ax.annotate(f"{values.mean():.2f}", (i, values.mean()), ha="center", va="bottom", xytext=(0, 2),
+                    textcoords="offset points")
         ax.plot(np.full(len(values), i), values, "k.", alpha=0.6)
     ax.set_xticks(range(len(regimes(cells))), regimes(cells))
     ax.set(ylabel="peak advantage std (per cell)", title="Peak advantage std by regime")
@@ -261,7 +264,8 @@ def plot_kl_ablation(with_kl: Cells, without_kl: Cells, regime: str, ablated: li
             kls = kls[(kls["regime"] == regime) & (kls["arm"] == arm)].merge(finals[["seed", "final_pass1"]], on="seed")
             scatter.plot(kls["kl"], kls["final_pass1"], "o" if label == "with KL" else "x", color=f"C{i}",
                          label=f"{arm}, {label}")
-    over_steps.set(yscale="log", xlabel="step", ylabel="KL(π‖π_ref) (k3, mean over seeds)", title=f"{regime}: KL over training")
+    over_steps.set(yscale="log", xlabel="step", ylabel="KL(π‖π_ref) (k3, mean over seeds)",
+                   title=f"{regime}: KL over training")
     scatter.set(xscale="log", xlabel="KL(π‖π_ref), last 10% of steps", ylabel="final greedy pass@1",
                 title=f"{regime}: final pass@1 vs KL (one point per seed)")
     for ax in (over_steps, scatter):

@@ -87,7 +87,8 @@ def chosen_rates(cells: Cells, by: str = "final", table: Table | None = None) ->
         flag = {False: ", no rate plateaued" if needs_plateau else "", True: ""}
         lines.append([regime, f"{full_rate:g} ({full_score:.3f}{flag[full_plateau]})",
                       f"{lora_rate:g} ({lora_score:.3f}{flag[lora_plateau]})", f"{lora_rate / full_rate:.2g}x",
-                      ", ".join(f"{arm} {rate:g}" for arm, rate in sorted(per_rank.items(), key=lambda kv: int(kv[0][1:])))])
+                      ", ".join(f"{arm} {rate:g}"
+                                for arm, rate in sorted(per_rank.items(), key=lambda kv: int(kv[0][1:])))])
     header = ["regime", f"FullFT rate ({label})", f"LoRA rate ({label}, mean over ranks)", "LoRA / FullFT",
               "each rank's own best rate"]
     return Table(pd.DataFrame(rows), markdown_table(header, lines) if lines else "No regime with both arms.\n")

@@ -45,7 +45,8 @@ def accuracy_table(cells: Cells) -> Table:
         end = cells.summaries[cells.summaries["regime"] == regime]
         sources = {regime: (end, "final_pass1")}
         if regime == "process":
-            sources = {"process (peak)": (peak[peak["regime"] == regime], "pass1"), "process (end)": (end, "final_pass1")}
+            sources = {"process (peak)": (peak[peak["regime"] == regime], "pass1"),
+                       "process (end)": (end, "final_pass1")}
         base = _mean_sd(end["base_pass1"])
         for label, (frame, column) in sources.items():
             rows.append({"row": label, "regime": regime, "arm": "base", **base})

@@ -42,8 +42,8 @@ def read_problems(path: Path) -> list[Problem]:
         for line_number, line in enumerate(handle, 1):
             try:
                 row = json.loads(line)
-                problems.append(Problem(str(row["problem_id"]), row["prompt"], str(row["answer"]), row.get("question", ""),
-                                        row.get("solution", "")))
+                problems.append(Problem(str(row["problem_id"]), row["prompt"], str(row["answer"]),
+                                        row.get("question", ""), row.get("solution", "")))
             except (json.JSONDecodeError, KeyError, TypeError) as error:
                 raise ValueError(f"{path}:{line_number}: not a problem record ({error!r})") from error
     return problems

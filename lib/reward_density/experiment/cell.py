@@ -214,7 +214,8 @@ class CellWriter:
         if self.board is not None:
             self.board.close()
         wall = time.time() - self.started
-        write_json_atomic(self.folder / cell_folder.MANIFEST, manifest(device, wall_seconds=round(wall, 2), cell=self.config.name))
+        write_json_atomic(self.folder / cell_folder.MANIFEST,
+                          manifest(device, wall_seconds=round(wall, 2), cell=self.config.name))
         summary = summarise(self.config, self.history, self.evals, wall)
         write_json_atomic(self.folder / cell_folder.SUMMARY, summary)
         return summary

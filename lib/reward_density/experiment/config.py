@@ -134,7 +134,8 @@ class CellConfig:
     token_alpha: int | None = setting(None, check=optional(non_negative_int),
                                       doc="S-GRPO: the first this many tokens always enter the loss (set with "
                                           "token_k and token_p; unset: every token, GRPO)")
-    token_k: int | None = setting(None, check=optional(positive_int), doc="S-GRPO: at most this many tokens in the loss")
+    token_k: int | None = setting(None, check=optional(positive_int),
+                                  doc="S-GRPO: at most this many tokens in the loss")
     token_p: float | None = setting(None, check=optional(probability),
                                     doc="S-GRPO: each later token enters with this probability while there is room")
     l2: float = setting(0.0, check=non_negative_number,
@@ -148,10 +149,11 @@ class CellConfig:
 
     # Evaluation: greedy pass@1 on a fixed held-out set.
     answer_format: str = setting("boxed", check=one_of(*ANSWER_FORMATS),
-                                 doc="how an answer is read: boxed (math-verify on the \\boxed{} answer) | last_integer "
-                                     "(the completion's last integer: the multiplication task)")
+                                 doc="how an answer is read: boxed (math-verify on the \\boxed{} answer) | "
+                                     "last_integer (the completion's last integer: the multiplication task)")
     eval_every: int = setting(10, check=positive_int, doc="evaluate every this many steps (and at 0 and the end)")
-    eval_problems: int = setting(100, check=positive_int, doc="the first this many held-out problems (the SFT control: all its facts)")
+    eval_problems: int = setting(100, check=positive_int,
+                                 doc="the first this many held-out problems (the SFT control: all its facts)")
     curve_problems: int | None = setting(None, check=optional(positive_int),
                                          doc="the first this many of them, scored at every evaluation: the learning "
                                              "curve (none: all)")
@@ -203,8 +205,9 @@ class CellConfig:
     # Where the run writes, set by whoever runs the cell.
     out_dir: str = setting(check=non_empty_string, section="run", doc="the cell folder")
     profile: str = setting("custom", check=non_empty_string, section="run", doc="the profile's name")
-    base_answers: str | None = setting(None, check=optional(non_empty_string), section="run",
-                                       doc="a folder of base evaluations computed once per world (unset: the cell's own)")
+    base_answers: str | None = setting(
+        None, check=optional(non_empty_string), section="run",
+        doc="a folder of base evaluations computed once per world (unset: the cell's own)")
 
     def __post_init__(self) -> None:
         for f in fields(self):

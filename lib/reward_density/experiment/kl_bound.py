@@ -159,7 +159,8 @@ def load_optdigits(config: OptdigitsConfig) -> OptdigitsData:
     scaler = StandardScaler().fit(x_train)  # constant pixels stay at 0
     as_tensor = lambda a: torch.as_tensor(a, dtype=DTYPE)  # noqa: E731
     return OptdigitsData(
-        as_tensor(scaler.transform(x_train)), as_tensor(y_train), as_tensor(scaler.transform(x_eval)), as_tensor(y_eval),
+        as_tensor(scaler.transform(x_train)), as_tensor(y_train),
+        as_tensor(scaler.transform(x_eval)), as_tensor(y_eval),
     )
 
 

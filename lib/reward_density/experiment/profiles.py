@@ -97,7 +97,8 @@ class Matrix:
         if not rates:
             raise ValueError(f"the profile has no matrix.learning_rate for {arm} in {regime}")
         if len(rates) > 1:
-            raise ValueError(f"the profile sweeps {len(rates)} learning rates for {arm} in {regime}: give the cell's own")
+            raise ValueError(f"the profile sweeps {len(rates)} learning rates for {arm} in {regime}: "
+                             "give the cell's own")
         return rates[0]
 
 

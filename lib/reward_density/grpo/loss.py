@@ -119,7 +119,8 @@ def grpo_loss(
     kl_ref = float("nan") if ref_logps is None else _masked_mean(kl_penalty(logps.detach(), ref_logps, "k3"), mask)
 
     with torch.no_grad():
-        is_clipped = ((ratio < 1 - config.epsilon) & (advantages < 0)) | ((ratio > 1 + config.epsilon) & (advantages > 0))
+        is_clipped = (((ratio < 1 - config.epsilon) & (advantages < 0))
+                      | ((ratio > 1 + config.epsilon) & (advantages > 0)))
         clip_frac = _masked_mean(is_clipped.to(mask.dtype), mask)
         ratio_mean = _masked_mean(ratio, mask)
     return LossOutput(_reduce(per_token, mask, config, totals), kl_ref, clip_frac, ratio_mean)

@@ -119,7 +119,8 @@ class Policy:
         return contextlib.nullcontext()
 
     @torch.no_grad()
-    def reference_logprobs(self, rollout: Rollout, temperature: float, micro_batch_size: int | None = None) -> torch.Tensor:
+    def reference_logprobs(self, rollout: Rollout, temperature: float,
+                           micro_batch_size: int | None = None) -> torch.Tensor:
         """log pi_ref of the completion tokens at the sampling temperature."""
         if not self.has_reference:
             raise RuntimeError("this full fine-tuning policy was built without a reference copy (beta = 0)")

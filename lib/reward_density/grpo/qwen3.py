@@ -288,7 +288,8 @@ class Decoder:
         """Rows [A * B, ...] as [A, B, ...]."""
         return x.reshape(self.weights.arms, self.batch, *x.shape[1:])
 
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                position_ids: torch.Tensor) -> torch.Tensor:
         """Run the prompts ([A * B, L], left-padded) into the cache."""
         self.cache.key_mask[:, : input_ids.shape[1]] = attention_mask.bool()
         logits = forward(self.weights, self._arms(input_ids), self._arms(self.cache.key_mask), self._arms(position_ids),

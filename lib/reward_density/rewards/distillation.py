@@ -26,7 +26,8 @@ class DistillationReward:
     def __call__(self, rollout: Rollout) -> Deposits:
         vocab = self.teacher.get_output_embeddings().weight.shape[0]
         if int(rollout.completion_ids.max()) >= vocab:
-            raise ValueError(f"completion token ids exceed the teacher's vocabulary of {vocab}: not a shared vocabulary")
+            raise ValueError(f"completion token ids exceed the teacher's vocabulary of {vocab}: "
+                             "not a shared vocabulary")
         teacher_logps = completion_logprobs(
             self.teacher, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask,
             self.temperature, self.micro_batch_size,

@@ -87,7 +87,8 @@ def profile_executor(kind: str, profile: Profile, root: Path) -> submitit.Execut
     try:
         return make_executor(kind, submitit_dir(profile, root), profile.cluster)
     except Exception as exc:  # submitit: NameError for an unknown setting, RuntimeError without srun
-        raise ValueError(f"--executor {kind} with {profile.path} cluster settings: {type(exc).__name__}: {exc}") from exc
+        raise ValueError(f"--executor {kind} with {profile.path} cluster settings: "
+                         f"{type(exc).__name__}: {exc}") from exc
 
 
 class _Tee(io.TextIOBase):

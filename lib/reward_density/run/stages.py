@@ -152,5 +152,6 @@ def stage_kl_bound(profile: Profile, root: Path) -> None:
         print(f"kl_bound: {out} holds these results already; skipped", file=sys.stderr)
         return
     print(f"kl_bound: notebooks/kl_bound.py -> {out}", file=sys.stderr)
-    run_stage(root / "notebooks" / "kl_bound.py", out / "kl_bound.ipynb", {**profile.kl_bound, "out_dir": str(out)}, root)
+    run_stage(root / "notebooks" / "kl_bound.py", out / "kl_bound.ipynb", {**profile.kl_bound, "out_dir": str(out)},
+              root)
     write_json_atomic(out / KEY_FILE, key)

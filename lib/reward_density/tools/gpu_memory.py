@@ -105,7 +105,8 @@ def student_memory(cell: dict[str, Any], rank: int | None, shape: DecoderShape =
         "AdamW moments": 2 * trained * FP32,
     }
     backward = {
-        "activations (one micro-batch)": _activations(shape, micro, prompt + completion, cell["gradient_checkpointing"]),
+        "activations (one micro-batch)": _activations(shape, micro, prompt + completion,
+                                                      cell["gradient_checkpointing"]),
         "logits (one micro-batch)": _logits(shape, micro, completion),
         # Autocast's bf16 copy of the fp32 master weights, kept for the backward (measured on an H200: README).
         "bf16 copy of the weights (FullFT)": _bf16_copy(shape, with_head=True) if rank is None and mixed else 0,
@@ -115,7 +116,8 @@ def student_memory(cell: dict[str, Any], rank: int | None, shape: DecoderShape =
     sampling = {"KV cache while sampling": shape.kv_cache_bytes(rows * (prompt + completion)),
                 "weights as the sampler reads them": _bf16_copy(shape, with_head=rank is None) if mixed else 0}
     evaluating = {
-        "KV cache while evaluating": shape.kv_cache_bytes(cell["eval_batch_size"] * (prompt + cell["eval_max_new_tokens"]))
+        "KV cache while evaluating": shape.kv_cache_bytes(
+            cell["eval_batch_size"] * (prompt + cell["eval_max_new_tokens"]))
     }
     # Sampling, evaluating and the backward happen one after another: only the largest phase counts.
     step = sum(persistent.values()) + max(sum(backward.values()), sum(sampling.values()))

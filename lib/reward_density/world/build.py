@@ -186,8 +186,8 @@ def component_keys(config: WorldConfig) -> dict[str, str]:
         config.teacher_training, config.eval_max_new_tokens, config.selection_problems,
     )
     keys["prm"] = _key(
-        "prm", keys["student"], keys["teacher"], config.prm, config.prm_vocab_size, config.prm_pretraining, config.prm_problems,
-        config.prm_heldout_fraction, config.labelling, config.prm_training, SAMPLING_VERSION,
+        "prm", keys["student"], keys["teacher"], config.prm, config.prm_vocab_size, config.prm_pretraining,
+        config.prm_problems, config.prm_heldout_fraction, config.labelling, config.prm_training, SAMPLING_VERSION,
     )
     return keys
 
@@ -219,7 +219,8 @@ def _build_problems(ctx: _Context) -> dict[str, Any]:
     shutil.rmtree(ctx.out_dir / "problems", ignore_errors=True)
     for split, expressions in ctx.expressions.items():
         problems = [ctx.config.task.problem(e, f"{split}-{i:05d}") for i, e in enumerate(expressions)]
-        write_problems(ctx.out_dir / "problems" / f"{split}.jsonl", problems, [{"expression": e.text} for e in expressions])
+        write_problems(ctx.out_dir / "problems" / f"{split}.jsonl", problems,
+                       [{"expression": e.text} for e in expressions])
     example = ctx.expressions["heldout"][0]
     task = ctx.config.task
     return {**ctx.config.splits, "example": task.problem(example, "").prompt + task.clean_trace(example)}

@@ -48,7 +48,8 @@ def build_prm_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokeniz
     bpe.decoder = decoders.Metaspace()
     alphabet = sorted(set(string.printable.strip()) | set(STEP_TAG.strip()) | {"▁", "\n"})
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(PRM_SPECIALS.values()), initial_alphabet=alphabet, show_progress=False
+        vocab_size=vocab_size, special_tokens=list(PRM_SPECIALS.values()), initial_alphabet=alphabet,
+        show_progress=False,
     )
     bpe.train_from_iterator(corpus, trainer)
     bos = PRM_SPECIALS["bos_token"]
