@@ -28,10 +28,12 @@ def write_cell(outputs, regime, rank, seed, final, peak=None, adv_std=1.0, finis
     ))
     extra = {"process/steps_mean": 3.0} if regime == "process" else {"outcome/correct": 0.5}
     pd.DataFrame(
-        [{"step": s, "loss": 0.1, "reward_mean": 0.5, "advantage_std": adv_std, "frac_truncated": s / 10, **extra} for s in range(1, 5)]
+        [{"step": s, "loss": 0.1, "reward_mean": 0.5, "advantage_std": adv_std, "frac_truncated": s / 10, **extra}
+         for s in range(1, 5)]
     ).to_csv(folder / "history.csv", index=False)
     pd.DataFrame(
-        [{"step": s, "pass1": k / N_PROBLEMS, "len_mean": 20.0, "frac_truncated": 0.0, "frac_answered": 1.0} for s, k in solved.items()]
+        [{"step": s, "pass1": k / N_PROBLEMS, "len_mean": 20.0, "frac_truncated": 0.0, "frac_answered": 1.0}
+         for s, k in solved.items()]
     ).to_csv(folder / "evals.csv", index=False)
     pd.DataFrame([
         {"step": s, "problem_id": f"{i:03d}", "correct": i < k, "verdict": "correct" if i < k else "wrong",
@@ -119,7 +121,8 @@ def test_process_peak_row_is_the_max_over_evals(outputs):
 def test_equivalence_table_pairs_final_answers(outputs):
     table = equivalence_table(load_cells(outputs), margin=0.05)
     frame = table.frame
-    assert list(zip(frame["regime"], frame["arm"])) == [("outcome", "r1"), ("outcome", "r2"), ("process", "r1"), ("process", "r2")]
+    assert list(zip(frame["regime"], frame["arm"])) == [("outcome", "r1"), ("outcome", "r2"),
+                                                        ("process", "r1"), ("process", "r2")]
     assert frame["n_pairs"].tolist() == [20] * 4
     outcome_r1 = frame.iloc[0]
     assert outcome_r1["estimate"] == pytest.approx(np.mean([4 - 6, 6 - 8]) / N_PROBLEMS)
@@ -145,7 +148,8 @@ def test_report_and_every_figure_are_written_deterministically(outputs, tmp_path
     cells = load_cells(outputs)
     out = tmp_path / "analysis"
     report = write_report(cells, out, margin=0.05, confidence=0.95, profile_name="smoke")
-    names = ["accuracy.csv", "accuracy.md", "equivalence.csv", "gain.csv", "plateau.csv", "collapse.csv", "kl.csv", "report.md"]
+    names = ["accuracy.csv", "accuracy.md", "equivalence.csv", "gain.csv", "plateau.csv", "collapse.csv", "kl.csv",
+             "report.md"]
     names += [f"figures/{f}.png" for f in ("equivalence", *FIGURES)]
     first = {n: (out / n).read_bytes() for n in names}
     assert report == out / "report.md" and all(first.values())
@@ -243,6 +247,11 @@ def test_the_report_shows_the_benchmark_ratio_when_one_was_run_and_says_how_when
     assert "Not measured" not in text, "a benchmark file in the folder must be reported"
     assert "| ours (stacked) | 60.3 |" in text and "| TRL GRPOTrainer (one arm at a time) | 36.2 |" in text
     assert "**1.67x**" in text and "Some CPU (AVX2)" in text and "commit 0123456789ab" in text
+    assert "Where the stacked step's time goes" not in text, "a benchmark without phase timings shows none"
+    bench["stacked_phase_wall_seconds"] = {"generate": 0.405, "reward": 0.001, "reference": 0.131, "train": 0.458}
+    (out / "benchmark.json").write_text(json.dumps(bench))
+    text = write_report(cells, out, margin=0.05, profile_name="smoke").read_text()
+    assert "(wall-seconds, median): generate 0.405, reward 0.001, reference 0.131, train 0.458." in text
 
 
 def test_a_regime_with_more_seeds_counts_its_own_in_the_matrix(outputs):

@@ -15,6 +15,9 @@ def test_benchmark_times_every_implementation_on_every_arm_and_writes_json(tmp_p
     assert set(report["samples_per_cpu_second"]) == {"ours (stacked)", "ours (peft, one arm at a time)",
                                                      "TRL GRPOTrainer (one arm at a time)"}
     assert report["ours_over_trl"] > 0
+    phases = report["stacked_phase_wall_seconds"]
+    assert list(phases) == ["generate", "reward", "reference", "train"], f"the stacked step's phases: {phases}"
+    assert phases["generate"] > 0 and phases["reference"] > 0 and phases["train"] > 0
     written = json.loads(out.read_text())
     assert written["samples_per_cpu_second"] == report["samples_per_cpu_second"]
     assert written["config"]["steps"] == 1 and written["config"]["hidden"] == 16

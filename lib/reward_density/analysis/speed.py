@@ -16,7 +16,7 @@ def speed_markdown(out_dir: str | Path) -> str:
     bench = json.loads(path.read_text())
     env, config = bench["environment"], bench["config"]
     rows = "\n".join(f"| {name} | {value:.1f} |" for name, value in bench["samples_per_cpu_second"].items())
-    return "\n".join([
+    lines = [
         f"One GRPO step of the mini study's shape (P={config['prompts']} x G={config['generations']}, "
         f"{config['max_new_tokens']} new tokens, hidden {config['hidden']} x {config['layers']} layers, beta "
         f"{config['beta']:g}) for every arm, median of {config['steps']} steps after {config['warmup']} warm-up, "
@@ -29,4 +29,9 @@ def speed_markdown(out_dir: str | Path) -> str:
         "",
         f"Ours (stacked) / TRL: **{bench['ours_over_trl']:.2f}x** in samples per CPU-second.",
         "",
-    ])
+    ]
+    phases = bench.get("stacked_phase_wall_seconds")  # absent from benchmarks run before it was recorded
+    if phases:
+        lines += ["Where the stacked step's time goes (wall-seconds, median): "
+                  + ", ".join(f"{phase} {value:.3f}" for phase, value in phases.items()) + ".", ""]
+    return "\n".join(lines)

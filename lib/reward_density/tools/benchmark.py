@@ -46,6 +46,7 @@ from .measurement import quiet as quiet_transformers
 from .stand_ins import build_qwen3, build_tokenizer
 
 CLI_FIELDS = ("steps", "warmup", "prompts", "generations", "max_new_tokens", "hidden", "layers")
+PHASES = ("generate", "reward", "reference", "train")  # the stacked step's parts, as its metrics time them
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,11 @@ def random_reward_func(seed: int) -> Callable[..., list[float]]:
     return random_reward
 
 
+def _step_inputs(config: BenchConfig) -> tuple[list[Problem], RandomOutcomeReward, StepConfig]:
+    """The problems, reward and step settings every timed step of our engines uses."""
+    return problem_set(config.prompts, config.seed), RandomOutcomeReward(config.seed), config.step_config()
+
+
 def _cpu_seconds(step: Callable[[int], object], config: BenchConfig) -> list[float]:
     """CPU-seconds of each timed call of step(i), after the warmup calls."""
     seconds = []
@@ -133,17 +139,21 @@ def _cpu_seconds(step: Callable[[int], object], config: BenchConfig) -> list[flo
     return seconds[config.warmup:]
 
 
-def time_stacked(model_dir: Path, config: BenchConfig) -> list[float]:
-    """CPU-seconds of each stacked step of every arm at once (our engine for the mini world)."""
+def time_stacked(model_dir: Path, config: BenchConfig) -> tuple[list[float], dict[str, float]]:
+    """CPU-seconds of each stacked step of every arm at once (our engine for the mini world), and the median
+    wall-seconds of each of its phases over the timed steps (on one thread, close to their CPU-seconds)."""
     torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(model_dir)
     policy = StackedPolicy(load_causal_lm(model_dir), [PolicyConfig(rank=r, alpha=config.lora_alpha)
                                                         for r in config.ranks], config.seed)
     optimizer = torch.optim.AdamW([{"params": policy.parameters(a), "lr": config.learning_rate}
                                    for a in range(policy.n_arms)], weight_decay=0.0)
-    problems, reward, settings = problem_set(config.prompts, config.seed), RandomOutcomeReward(config.seed), config.step_config()
-    return _cpu_seconds(lambda i: stacked_grpo_step(policy, tokenizer, optimizer, problems, reward, settings,
-                                                    seed=config.seed + i), config)
+    problems, reward, settings = _step_inputs(config)
+    metrics: list[dict[str, float]] = []  # each step's first arm's row: the timings are the whole step's
+    seconds = _cpu_seconds(lambda i: metrics.append(stacked_grpo_step(
+        policy, tokenizer, optimizer, problems, reward, settings, seed=config.seed + i)[0]), config)
+    timed = metrics[config.warmup:]
+    return seconds, {phase: statistics.median(m[f"{phase}_seconds"] for m in timed) for phase in PHASES}
 
 
 def time_single(model_dir: Path, config: BenchConfig, rank: int | None) -> list[float]:
@@ -153,7 +163,7 @@ def time_single(model_dir: Path, config: BenchConfig, rank: int | None) -> list[
     policy = Policy(load_causal_lm(model_dir), PolicyConfig(rank=rank, alpha=config.lora_alpha),
                     keep_reference=config.beta > 0)
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=config.learning_rate, weight_decay=0.0)
-    problems, reward, settings = problem_set(config.prompts, config.seed), RandomOutcomeReward(config.seed), config.step_config()
+    problems, reward, settings = _step_inputs(config)
     return _cpu_seconds(lambda i: grpo_step(policy, tokenizer, optimizer, problems, reward, settings,
                                             seed=config.seed + i), config)
 
@@ -218,11 +228,13 @@ def _run(config: BenchConfig, workdir: Path) -> dict:
         workdir / "model"
     )
     model = workdir / "model"
-    stacked = statistics.median(time_stacked(model, config))
+    stacked_seconds, phases = time_stacked(model, config)
+    stacked = statistics.median(stacked_seconds)
     # The same step without the KL penalty and without tracking it: the reference pass is skipped.
-    kl_free = statistics.median(time_stacked(model, dataclasses.replace(config, beta=0.0)))
+    kl_free = statistics.median(time_stacked(model, dataclasses.replace(config, beta=0.0))[0])
     single = {arm_name(r): statistics.median(time_single(model, config, r)) for r in config.ranks}
-    trl_seconds = {arm_name(r): statistics.median(time_trl(model, config, r, workdir / f"trl-{r}")) for r in config.ranks}
+    trl_seconds = {arm_name(r): statistics.median(time_trl(model, config, r, workdir / f"trl-{r}"))
+                   for r in config.ranks}
     samples = config.samples_per_step * len(config.ranks)  # one step of every arm
     throughput = {"ours (stacked)": samples / stacked, "ours (peft, one arm at a time)": samples / sum(single.values()),
                   "TRL GRPOTrainer (one arm at a time)": samples / sum(trl_seconds.values())}
@@ -232,6 +244,7 @@ def _run(config: BenchConfig, workdir: Path) -> dict:
         "cpu_seconds_per_step": {"ours (stacked, all arms)": stacked, "ours (stacked, all arms, beta 0)": kl_free,
                                  "ours (peft)": single, "TRL": trl_seconds},
         "kl_free_saving": 1 - kl_free / stacked,  # the share of the step the reference pass costs
+        "stacked_phase_wall_seconds": phases,
         "samples_per_cpu_second": throughput,
         "ours_over_trl": throughput["ours (stacked)"] / throughput["TRL GRPOTrainer (one arm at a time)"],
     }
@@ -242,11 +255,14 @@ def format_table(report: dict) -> str:
     lines = [f"{'implementation':<40} {'samples / CPU-s':>16}"]
     lines += [f"{name:<40} {value:>16.1f}" for name, value in report["samples_per_cpu_second"].items()]
     lines.append(f"ours (stacked) / TRL: {report['ours_over_trl']:.2f}x")
-    lines.append(f"beta 0 (reference pass skipped): {report['cpu_seconds_per_step']['ours (stacked, all arms, beta 0)']:.3f} "
-                 f"CPU-s per stacked step, {report['kl_free_saving']:.0%} less than with the KL penalty")
     seconds = report["cpu_seconds_per_step"]
+    lines.append(f"beta 0 (reference pass skipped): {seconds['ours (stacked, all arms, beta 0)']:.3f} "
+                 f"CPU-s per stacked step, {report['kl_free_saving']:.0%} less than with the KL penalty")
     lines.append(f"CPU-s per step: stacked, all arms {seconds['ours (stacked, all arms)']:.3f}; per arm peft / TRL: "
-                 + ", ".join(f"{arm} {seconds['ours (peft)'][arm]:.3f} / {seconds['TRL'][arm]:.3f}" for arm in seconds["TRL"]))
+                 + ", ".join(f"{arm} {seconds['ours (peft)'][arm]:.3f} / {seconds['TRL'][arm]:.3f}"
+                             for arm in seconds["TRL"]))
+    lines.append("stacked step by phase (wall-s, median): "
+                 + ", ".join(f"{phase} {value:.3f}" for phase, value in report["stacked_phase_wall_seconds"].items()))
     return "\n".join(lines)
 
 
