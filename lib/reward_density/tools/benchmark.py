@@ -32,6 +32,7 @@ import trl
 from peft import LoraConfig
 from transformers import PrinterCallback
 
+from ..analysis.speed import phase_split
 from ..data.problems import Problem
 from ..data.sources import load_causal_lm, load_tokenizer
 from ..grpo.deposits import Deposits
@@ -149,9 +150,13 @@ def time_stacked(model_dir: Path, config: BenchConfig) -> tuple[list[float], dic
     optimizer = torch.optim.AdamW([{"params": policy.parameters(a), "lr": config.learning_rate}
                                    for a in range(policy.n_arms)], weight_decay=0.0)
     problems, reward, settings = _step_inputs(config)
-    metrics: list[dict[str, float]] = []  # each step's first arm's row: the timings are the whole step's
-    seconds = _cpu_seconds(lambda i: metrics.append(stacked_grpo_step(
-        policy, tokenizer, optimizer, problems, reward, settings, seed=config.seed + i)[0]), config)
+    metrics: list[dict[str, float]] = []
+
+    def step(i: int) -> None:  # keeps the first arm's metrics row: its timings are the whole step's
+        metrics.append(stacked_grpo_step(policy, tokenizer, optimizer, problems, reward, settings,
+                                         seed=config.seed + i)[0])
+
+    seconds = _cpu_seconds(step, config)
     timed = metrics[config.warmup:]
     return seconds, {phase: statistics.median(m[f"{phase}_seconds"] for m in timed) for phase in PHASES}
 
@@ -261,8 +266,7 @@ def format_table(report: dict) -> str:
     lines.append(f"CPU-s per step: stacked, all arms {seconds['ours (stacked, all arms)']:.3f}; per arm peft / TRL: "
                  + ", ".join(f"{arm} {seconds['ours (peft)'][arm]:.3f} / {seconds['TRL'][arm]:.3f}"
                              for arm in seconds["TRL"]))
-    lines.append("stacked step by phase (wall-s, median): "
-                 + ", ".join(f"{phase} {value:.3f}" for phase, value in report["stacked_phase_wall_seconds"].items()))
+    lines.append(f"stacked step by phase (wall-s, median): {phase_split(report['stacked_phase_wall_seconds'])}")
     return "\n".join(lines)
 
 

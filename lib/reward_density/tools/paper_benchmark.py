@@ -541,18 +541,7 @@ def format_table(report: dict[str, Any]) -> str:
                          f"{floor:>7.2f} {m['wall_seconds'] / floor:>7.1f} "
                          f"{'-' if peak is None else f'{peak:.1f}':>8} {result['estimated_student_gib']:>7.1f}")
     for arm, result in report["ours"].items():
-        profiled = result.get("decode_profile", {})
-        for mode in ("eager", "cuda_graphs"):
-            if mode in profiled:
-                d = profiled[mode]
-                lines.append(f"{arm} decode, {mode}: {d['wall_ms_per_token']:.1f} ms per token" + (
-                    f"; under the profiler {d['aten_calls_per_token']:.0f} ATen calls, {d['kernels_per_token']:.0f} "
-                    f"kernels and {d['device_kernel_ms_per_token']:.2f} ms of them per token" + "".join(
-                        f"\n    {k['ms_per_token']:.3f} ms, {k['calls_per_token']:.0f} calls: {k['name'][:80]}"
-                        for k in d["top_kernels"]) if "aten_calls_per_token" in d else ""))
-        if profiled:
-            lines.append(f"{arm} decode, eager vs graphs: {profiled['same_tokens']:.1%} of tokens equal, log-probs "
-                         f"within {profiled['max_logp_difference']:.2g} before rows diverge")
+        lines += _decode_lines(arm, result.get("decode_profile", {}))
     for arm, result in report["trl"].items():
         shown = result["error"][:200] if "error" in result else \
             f"{statistics.median(result['wall_seconds']):.2f} s per step" if result["wall_seconds"] else "no timed step"
@@ -563,6 +552,26 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append("projected GPU-hours of the profile's training steps: "
                      + ", ".join(f"{k} {v:.1f}" for k, v in hours.items()))
     return "\n".join(lines)
+
+
+def _decode_lines(arm: str, profiled: dict[str, Any]) -> list[str]:
+    """An arm's decode profile: ms per token eager and graphed, the eager one's profile, and their agreement."""
+    lines = []
+    for mode in ("eager", "cuda_graphs"):
+        if mode not in profiled:
+            continue
+        d = profiled[mode]
+        line = f"{arm} decode, {mode}: {d['wall_ms_per_token']:.1f} ms per token"
+        if "aten_calls_per_token" in d:
+            line += (f"; under the profiler {d['aten_calls_per_token']:.0f} ATen calls, {d['kernels_per_token']:.0f} "
+                     f"kernels and {d['device_kernel_ms_per_token']:.2f} ms of them per token")
+            line += "".join(f"\n    {k['ms_per_token']:.3f} ms, {k['calls_per_token']:.0f} calls: {k['name'][:80]}"
+                            for k in d["top_kernels"])
+        lines.append(line)
+    if profiled:
+        lines.append(f"{arm} decode, eager vs graphs: {profiled['same_tokens']:.1%} of tokens equal, log-probs "
+                     f"within {profiled['max_logp_difference']:.2g} before rows diverge")
+    return lines
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[PaperBenchConfig, Path | None]:
