@@ -16,13 +16,14 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before any Hugging Face import: everything here is local
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import random
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,22 +218,33 @@ def time_trl(model_dir: Path, config: BenchConfig, rank: int | None, workdir: Pa
     return timer.seconds[config.warmup:]
 
 
-def run_benchmark(config: BenchConfig, workdir: Path) -> dict:
-    """Build the stand-in in workdir, time every implementation on every arm, return the report."""
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the block on one CPU thread, as every benchmark timing is taken, then restore the thread count."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _run(config, workdir)
+        yield
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(config: BenchConfig, workdir: Path) -> dict:
-    tokenizer = build_tokenizer(workdir / "model")
-    build_qwen3(len(tokenizer), seed=config.seed, hidden=config.hidden, layers=config.layers).save_pretrained(
-        workdir / "model"
-    )
+def build_model(config: BenchConfig, workdir: Path) -> Path:
+    """The random Qwen3 of the benchmark's shape and its tokenizer, saved in workdir/model."""
     model = workdir / "model"
+    tokenizer = build_tokenizer(model)
+    build_qwen3(len(tokenizer), seed=config.seed, hidden=config.hidden, layers=config.layers).save_pretrained(model)
+    return model
+
+
+def run_benchmark(config: BenchConfig, workdir: Path) -> dict:
+    """Build the stand-in in workdir, time every implementation on every arm, return the report."""
+    with one_thread():
+        return _run(config, workdir)
+
+
+def _run(config: BenchConfig, workdir: Path) -> dict:
+    model = build_model(config, workdir)
     stacked_seconds, phases = time_stacked(model, config)
     stacked = statistics.median(stacked_seconds)
     # The same step without the KL penalty and without tracking it: the reference pass is skipped.
@@ -277,19 +289,29 @@ def quiet() -> None:
     datasets.logging.set_verbosity_error()
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, Path | None]:
-    """The BenchConfig (defaults from the dataclass) and the JSON path from the command line."""
+def bench_parser(description: str) -> argparse.ArgumentParser:
+    """A command line with BenchConfig's sizes and arms (defaults from the dataclass) and --out."""
     defaults = BenchConfig()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=description)
     for name in CLI_FIELDS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     parser.add_argument("--ranks", default=",".join("full" if r is None else str(r) for r in defaults.ranks),
                         help="comma-separated LoRA ranks, 'full' for FullFT (default: the mini study's arms)")
     parser.add_argument("--out", type=Path, default=None, help="write the report to this JSON file")
-    args = vars(parser.parse_args(argv))
-    out = args.pop("out")
-    args["ranks"] = tuple(None if r == "full" else int(r) for r in args["ranks"].split(","))
-    return dataclasses.replace(defaults, **args), out
+    return parser
+
+
+def bench_config(args: dict) -> BenchConfig:
+    """The BenchConfig from bench_parser's parsed arguments (only its own keys are read)."""
+    sizes = {name: args[name] for name in CLI_FIELDS}
+    ranks = tuple(None if r == "full" else int(r) for r in args["ranks"].split(","))
+    return dataclasses.replace(BenchConfig(), **sizes, ranks=ranks)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, Path | None]:
+    """The BenchConfig and the JSON path from the command line."""
+    args = vars(bench_parser(__doc__.splitlines()[0]).parse_args(argv))
+    return bench_config(args), args["out"]
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

@@ -1,0 +1,54 @@
+"""The levers tool applies each lever to the stacked step's scoring forward and times it beside fp32 (no speed
+threshold: it measures, it does not judge)."""
+import copy
+import json
+from unittest import mock
+
+import pytest
+import torch
+
+from reward_density.data.problems import Problem
+from reward_density.grpo import stacked as stacked_engine
+from reward_density.grpo.policy import PolicyConfig
+from reward_density.grpo.sampler import SamplingConfig, sample_rollout
+from reward_density.grpo.stacked import StackedPolicy
+from reward_density.tools.levers import check_levers, lever_forward, main
+from reward_density.tools.stand_ins import build_qwen3
+
+PROBLEMS = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\n", "41")]
+
+
+def scores_under(lever: str, tiny_tokenizer) -> torch.Tensor:
+    """The stacked policy's completion log-probs of one fixed rollout, with the lever patched in as the tool does."""
+    policy = StackedPolicy(build_qwen3(len(tiny_tokenizer), seed=0), [PolicyConfig(rank=2), PolicyConfig(rank=None)],
+                           seed=0)
+    with torch.no_grad():
+        rollout = sample_rollout(policy.weights(), tiny_tokenizer, PROBLEMS, 2, SamplingConfig(6), seed=1)
+        with mock.patch.object(stacked_engine, "forward", lever_forward(lever)):
+            return copy.deepcopy(policy.logprobs(rollout, 1.0))
+
+
+def test_bf16_lever_changes_the_bits_of_the_scores_but_not_their_values(tiny_tokenizer):
+    plain, bf16 = scores_under("fp32", tiny_tokenizer), scores_under("bf16", tiny_tokenizer)
+    assert not torch.equal(plain, bf16), "the bf16 lever did not reach the stacked forward"
+    torch.testing.assert_close(bf16, plain, atol=0.1, rtol=0.05, msg="bf16 scores are not the fp32 ones, rounded")
+
+
+def test_levers_are_checked_and_fp32_always_leads():
+    assert check_levers(["compile", "fp32", "bf16", "compile"]) == ("fp32", "compile", "bf16")
+    with pytest.raises(ValueError, match="unknown lever 'fp16'.*fp32, bf16, compile, bf16\\+compile"):
+        check_levers(["fp16"])
+
+
+def test_levers_tool_times_each_lever_beside_fp32_and_writes_json(tmp_path):
+    out = tmp_path / "levers.json"
+    report = main(["--steps", "1", "--warmup", "1", "--max-new-tokens", "4", "--hidden", "16", "--layers", "1",
+                   "--ranks", "1,full", "--levers", "bf16+compile", "--out", str(out)])
+    assert list(report["levers"]) == ["fp32", "bf16+compile"]
+    for lever, timing in report["levers"].items():
+        assert timing["cpu_seconds_per_step"] > 0, f"{lever}: no step was timed"
+        assert list(timing["phase_wall_seconds"]) == ["generate", "reward", "reference", "train"]
+    assert report["speedup_over_fp32"]["fp32"] == 1.0
+    compiled, plain = (report["levers"][name]["setup_and_warmup_cpu_seconds"] for name in ("bf16+compile", "fp32"))
+    assert compiled > plain, "compiling the forward should cost the warm-up step CPU time the fp32 one does not spend"
+    assert json.loads(out.read_text())["speedup_over_fp32"] == report["speedup_over_fp32"]
