@@ -1,6 +1,5 @@
 """The levers tool applies each lever to the stacked step's scoring forward and times it beside fp32 (no speed
 threshold: it measures, it does not judge)."""
-import copy
 import json
 from unittest import mock
 
@@ -25,7 +24,7 @@ def scores_under(lever: str, tiny_tokenizer) -> torch.Tensor:
     with torch.no_grad():
         rollout = sample_rollout(policy.weights(), tiny_tokenizer, PROBLEMS, 2, SamplingConfig(6), seed=1)
         with mock.patch.object(stacked_engine, "forward", lever_forward(lever)):
-            return copy.deepcopy(policy.logprobs(rollout, 1.0))
+            return policy.logprobs(rollout, 1.0)
 
 
 def test_bf16_lever_changes_the_bits_of_the_scores_but_not_their_values(tiny_tokenizer):
