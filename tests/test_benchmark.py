@@ -1,6 +1,8 @@
 """The throughput benchmark runs end to end on tiny sizes (no speed threshold: it measures, it does not judge)."""
 import json
 
+import pytest
+
 from reward_density.tools.benchmark import main
 
 
@@ -22,3 +24,16 @@ def test_benchmark_times_every_implementation_on_every_arm_and_writes_json(tmp_p
     assert written["samples_per_cpu_second"] == report["samples_per_cpu_second"]
     assert written["config"]["steps"] == 1 and written["config"]["hidden"] == 16
     assert {"torch", "transformers", "trl", "peft", "cpu", "torch_threads"} <= set(written["environment"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ranks", "1,0"], "each rank is a positive integer or 'full', got '0'"),
+    (["--ranks", "4,lora"], "got 'lora'"),
+    (["--steps", "0"], "need steps >= 1"),
+    (["--hidden", "0"], "hidden must be >= 1, got 0"),
+])
+def test_bad_benchmark_arguments_are_usage_errors_that_name_the_problem(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2, "argparse's usage error exits with status 2"
+    assert message in capsys.readouterr().err

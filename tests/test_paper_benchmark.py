@@ -123,3 +123,14 @@ def test_the_paper_steps_floor_on_h100_ceilings_is_the_issues_hand_estimate_of_a
                              {"bandwidth_bytes_per_s": 3.0e12, "matmul_flops_per_s": 0.8e15})
     assert 2.6 < floor["step"] < 4.4, f"floor {floor}"
     assert floor["generate"] > 4 * (floor["train"] + floor["reference"]), "decoding must dominate the floor"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--trl-ranks", "0"], "argument --trl-ranks: each rank is a positive integer or 'full', got '0'"),
+    (["--regimes", "outcome,dense"], "unknown regimes ['dense']"),
+])
+def test_bad_paper_benchmark_arguments_are_usage_errors_that_name_the_problem(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        pb.main(argv)
+    assert exit_info.value.code == 2, "argparse's usage error exits with status 2"
+    assert message in capsys.readouterr().err

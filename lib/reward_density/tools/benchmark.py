@@ -43,7 +43,7 @@ from ..grpo.rollout import Rollout
 from ..grpo.sampler import SamplingConfig
 from ..grpo.stacked import StackedPolicy
 from ..grpo.step import StepConfig, grpo_step, stacked_grpo_step
-from .measurement import StepTimer, environment
+from .measurement import StepTimer, environment, parse_ranks
 from .measurement import quiet as quiet_transformers
 from .stand_ins import build_qwen3, build_tokenizer
 
@@ -75,6 +75,11 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.steps < 1 or self.warmup < 0:
             raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={self.steps}, warmup={self.warmup}")
+        if not self.ranks:
+            raise ValueError("need at least one arm in ranks")
+        for name in ("prompts", "generations", "max_new_tokens", "hidden", "layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     @property
     def samples_per_step(self) -> int:
@@ -295,23 +300,26 @@ def bench_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     for name in CLI_FIELDS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
-    parser.add_argument("--ranks", default=",".join("full" if r is None else str(r) for r in defaults.ranks),
+    parser.add_argument("--ranks", type=parse_ranks,
+                        default=",".join("full" if r is None else str(r) for r in defaults.ranks),
                         help="comma-separated LoRA ranks, 'full' for FullFT (default: the mini study's arms)")
     parser.add_argument("--out", type=Path, default=None, help="write the report to this JSON file")
     return parser
 
 
-def bench_config(args: dict) -> BenchConfig:
-    """The BenchConfig from bench_parser's parsed arguments (only its own keys are read)."""
-    sizes = {name: args[name] for name in CLI_FIELDS}
-    ranks = tuple(None if r == "full" else int(r) for r in args["ranks"].split(","))
-    return dataclasses.replace(BenchConfig(), **sizes, ranks=ranks)
+def parse_bench(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> tuple[BenchConfig, dict]:
+    """The BenchConfig from a bench_parser's command line, and every parsed argument; a usage error on bad sizes."""
+    args = vars(parser.parse_args(argv))
+    try:
+        return dataclasses.replace(BenchConfig(), **{name: args[name] for name in (*CLI_FIELDS, "ranks")}), args
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, Path | None]:
     """The BenchConfig and the JSON path from the command line."""
-    args = vars(bench_parser(__doc__.splitlines()[0]).parse_args(argv))
-    return bench_config(args), args["out"]
+    config, args = parse_bench(bench_parser(__doc__.splitlines()[0]), argv)
+    return config, args["out"]
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

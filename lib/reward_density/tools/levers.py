@@ -25,7 +25,7 @@ from torch._inductor import config as inductor_config
 
 from ..analysis.speed import phase_split
 from ..grpo import qwen3, stacked
-from .benchmark import BenchConfig, bench_config, bench_parser, build_model, one_thread, quiet, time_stacked
+from .benchmark import BenchConfig, bench_parser, build_model, one_thread, parse_bench, quiet, time_stacked
 from .measurement import environment
 
 LEVERS = ("fp32", "bf16", "compile", "bf16+compile")  # fp32: the study's own forward, the baseline
@@ -91,12 +91,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser = bench_parser(__doc__.splitlines()[0])
     parser.add_argument("--levers", default=",".join(LEVERS[1:]),
                         help=f"comma-separated, some of {', '.join(LEVERS)} (fp32 is always timed)")
-    args = vars(parser.parse_args(argv))
+    config, args = parse_bench(parser, argv)
     try:
         levers = check_levers(args["levers"].split(","))
     except ValueError as error:
         parser.error(str(error))
-    config = bench_config(args)
     quiet()
     with tempfile.TemporaryDirectory() as workdir:
         report = run_levers(config, levers, Path(workdir))

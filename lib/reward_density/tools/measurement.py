@@ -1,6 +1,7 @@
 """What the two benchmarks share: device-aware clocks, a trainer step timer, the environment they record."""
 from __future__ import annotations
 
+import argparse
 import os
 import time
 import warnings
@@ -60,3 +61,13 @@ def quiet() -> None:
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+
+
+def parse_ranks(text: str) -> tuple[int | None, ...]:
+    """'1,4,full' as (1, 4, None): LoRA ranks, and None for FullFT; '' as none."""
+    ranks = []
+    for item in text.split(",") if text else []:
+        if item != "full" and not (item.isdigit() and int(item) >= 1):
+            raise argparse.ArgumentTypeError(f"each rank is a positive integer or 'full', got {item!r}")
+        ranks.append(None if item == "full" else int(item))
+    return tuple(ranks)

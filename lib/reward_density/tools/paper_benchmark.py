@@ -60,7 +60,7 @@ from .gpu_memory import (
     DecoderShape,
     student_memory,
 )
-from .measurement import StepTimer, environment, on_cuda, quiet, synchronize
+from .measurement import StepTimer, environment, on_cuda, parse_ranks, quiet, synchronize
 
 SCALES = {  # the models of each scale: the paper's, or tiny ones of the same architectures for a CPU
     "paper": {"student": QWEN3_1_7B, "teacher": QWEN3_8B, "prm": MATH_SHEPHERD_MISTRAL_7B},
@@ -583,17 +583,19 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[PaperBenchConfig, Pat
     for name in ("steps", "trl_steps", "max_new_tokens", "prompt_tokens", "seed"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     for name in ("ranks", "trl_ranks"):
-        parser.add_argument(f"--{name.replace('_', '-')}", default=_ranks_text(getattr(defaults, name)),
+        parser.add_argument(f"--{name.replace('_', '-')}", type=parse_ranks,
+                            default=_ranks_text(getattr(defaults, name)),
                             help="comma-separated LoRA ranks, 'full' for FullFT; empty for none")
     parser.add_argument("--regimes", default=",".join(defaults.regimes))
     parser.add_argument("--profile", default=defaults.profile)
     parser.add_argument("--out", type=Path, default=None, help="write the report to this JSON file")
     args = vars(parser.parse_args(argv))
     out = args.pop("out")
-    for name in ("ranks", "trl_ranks"):
-        args[name] = tuple(None if r == "full" else int(r) for r in args[name].split(",") if r)
     args["regimes"] = tuple(args["regimes"].split(","))
-    return PaperBenchConfig(**args), out
+    try:
+        return PaperBenchConfig(**args), out
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def _ranks_text(ranks: tuple[int | None, ...]) -> str:
