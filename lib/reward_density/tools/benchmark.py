@@ -43,7 +43,7 @@ from ..grpo.rollout import Rollout
 from ..grpo.sampler import SamplingConfig
 from ..grpo.stacked import StackedPolicy
 from ..grpo.step import StepConfig, grpo_step, stacked_grpo_step
-from .measurement import StepTimer, environment, parse_ranks
+from .measurement import StepTimer, environment, parse_ranks, ranks_text
 from .measurement import quiet as quiet_transformers
 from .stand_ins import build_qwen3, build_tokenizer
 
@@ -300,8 +300,7 @@ def bench_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     for name in CLI_FIELDS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
-    parser.add_argument("--ranks", type=parse_ranks,
-                        default=",".join("full" if r is None else str(r) for r in defaults.ranks),
+    parser.add_argument("--ranks", type=parse_ranks, default=ranks_text(defaults.ranks),
                         help="comma-separated LoRA ranks, 'full' for FullFT (default: the mini study's arms)")
     parser.add_argument("--out", type=Path, default=None, help="write the report to this JSON file")
     return parser

@@ -60,7 +60,7 @@ from .gpu_memory import (
     DecoderShape,
     student_memory,
 )
-from .measurement import StepTimer, environment, on_cuda, parse_ranks, quiet, synchronize
+from .measurement import StepTimer, environment, on_cuda, parse_ranks, quiet, ranks_text, synchronize
 
 SCALES = {  # the models of each scale: the paper's, or tiny ones of the same architectures for a CPU
     "paper": {"student": QWEN3_1_7B, "teacher": QWEN3_8B, "prm": MATH_SHEPHERD_MISTRAL_7B},
@@ -584,7 +584,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[PaperBenchConfig, Pat
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     for name in ("ranks", "trl_ranks"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=parse_ranks,
-                            default=_ranks_text(getattr(defaults, name)),
+                            default=ranks_text(getattr(defaults, name)),
                             help="comma-separated LoRA ranks, 'full' for FullFT; empty for none")
     parser.add_argument("--regimes", default=",".join(defaults.regimes))
     parser.add_argument("--profile", default=defaults.profile)
@@ -596,10 +596,6 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[PaperBenchConfig, Pat
         return PaperBenchConfig(**args), out
     except ValueError as error:
         parser.error(str(error))
-
-
-def _ranks_text(ranks: tuple[int | None, ...]) -> str:
-    return ",".join("full" if r is None else str(r) for r in ranks)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
