@@ -43,11 +43,12 @@ from ..grpo.rollout import Rollout
 from ..grpo.sampler import SamplingConfig
 from ..grpo.stacked import StackedPolicy
 from ..grpo.step import StepConfig, grpo_step, stacked_grpo_step
-from .measurement import StepTimer, environment, parse_ranks, ranks_text
+from .measurement import StepTimer, environment, parse_ranks
 from .measurement import quiet as quiet_transformers
 from .stand_ins import build_qwen3, build_tokenizer
 
-CLI_FIELDS = ("steps", "warmup", "prompts", "generations", "max_new_tokens", "hidden", "layers")
+SIZES = ("prompts", "generations", "max_new_tokens", "hidden", "layers")  # each at least 1
+CLI_FIELDS = ("steps", "warmup", *SIZES)
 PHASES = ("generate", "reward", "reference", "train")  # the stacked step's parts, as its metrics time them
 
 
@@ -77,7 +78,7 @@ class BenchConfig:
             raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={self.steps}, warmup={self.warmup}")
         if not self.ranks:
             raise ValueError("need at least one arm in ranks")
-        for name in ("prompts", "generations", "max_new_tokens", "hidden", "layers"):
+        for name in SIZES:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -300,7 +301,7 @@ def bench_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     for name in CLI_FIELDS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
-    parser.add_argument("--ranks", type=parse_ranks, default=ranks_text(defaults.ranks),
+    parser.add_argument("--ranks", type=parse_ranks, default=defaults.ranks,
                         help="comma-separated LoRA ranks, 'full' for FullFT (default: the mini study's arms)")
     parser.add_argument("--out", type=Path, default=None, help="write the report to this JSON file")
     return parser

@@ -71,8 +71,3 @@ def parse_ranks(text: str) -> tuple[int | None, ...]:
             raise argparse.ArgumentTypeError(f"each rank is a positive integer or 'full', got {item!r}")
         ranks.append(None if item == "full" else int(item))
     return tuple(ranks)
-
-
-def ranks_text(ranks: tuple[int | None, ...]) -> str:
-    """parse_ranks' inverse: (1, 4, None) as '1,4,full'."""
-    return ",".join("full" if r is None else str(r) for r in ranks)

@@ -60,7 +60,7 @@ from .gpu_memory import (
     DecoderShape,
     student_memory,
 )
-from .measurement import StepTimer, environment, on_cuda, parse_ranks, quiet, ranks_text, synchronize
+from .measurement import StepTimer, environment, on_cuda, parse_ranks, quiet, synchronize
 
 SCALES = {  # the models of each scale: the paper's, or tiny ones of the same architectures for a CPU
     "paper": {"student": QWEN3_1_7B, "teacher": QWEN3_8B, "prm": MATH_SHEPHERD_MISTRAL_7B},
@@ -583,8 +583,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[PaperBenchConfig, Pat
     for name in ("steps", "trl_steps", "max_new_tokens", "prompt_tokens", "seed"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     for name in ("ranks", "trl_ranks"):
-        parser.add_argument(f"--{name.replace('_', '-')}", type=parse_ranks,
-                            default=ranks_text(getattr(defaults, name)),
+        parser.add_argument(f"--{name.replace('_', '-')}", type=parse_ranks, default=getattr(defaults, name),
                             help="comma-separated LoRA ranks, 'full' for FullFT; empty for none")
     parser.add_argument("--regimes", default=",".join(defaults.regimes))
     parser.add_argument("--profile", default=defaults.profile)
