@@ -252,6 +252,14 @@ def test_the_report_shows_the_benchmark_ratio_when_one_was_run_and_says_how_when
     (out / "benchmark.json").write_text(json.dumps(bench))
     text = write_report(cells, out, margin=0.05, profile_name="smoke").read_text()
     assert "(wall-seconds, median): generate 0.405, reward 0.001, reference 0.131, train 0.458." in text
+    assert "Where the stacked sampling's time goes" not in text, "a benchmark without a sampling profile shows none"
+    bench["stacked_sampling_ms_per_decoding_step"] = {
+        "decoding_steps": 64, "cpu_ms": 5.43, "profiled_ms": 6.08, "products_ms": 1.51, "attention_ms": 0.99,
+        "other_aten_ms": 2.51, "outside_aten_ms": 1.07, "top_other_ops_ms": {"aten::sort": 0.67}}
+    (out / "benchmark.json").write_text(json.dumps(bench))
+    text = write_report(cells, out, margin=0.05, profile_name="smoke").read_text()
+    assert ("5.43 CPU-ms per decoding step of every row (64 steps); under the profiler 6.08 ms: weight products 1.51, "
+            "attention 0.99, other ATen operations 2.51, outside ATen (Python, the profiler) 1.07") in text
 
 
 def test_a_regime_with_more_seeds_counts_its_own_in_the_matrix(outputs):

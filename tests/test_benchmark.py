@@ -2,8 +2,11 @@
 import json
 
 import pytest
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
 
-from reward_density.tools.benchmark import main
+from reward_density.tools.benchmark import aten_ms_by_kind, main
 
 
 def test_benchmark_times_every_implementation_on_every_arm_and_writes_json(tmp_path):
@@ -20,10 +23,29 @@ def test_benchmark_times_every_implementation_on_every_arm_and_writes_json(tmp_p
     phases = report["stacked_phase_wall_seconds"]
     assert list(phases) == ["generate", "reward", "reference", "train"], f"the stacked step's phases: {phases}"
     assert phases["generate"] > 0 and phases["reference"] > 0 and phases["train"] > 0
+    sampling = report["stacked_sampling_ms_per_decoding_step"]
+    assert 1 <= sampling["decoding_steps"] <= 4, f"at most --max-new-tokens decoding steps: {sampling}"
+    assert sampling["cpu_ms"] > 0 and sampling["products_ms"] > 0 and sampling["attention_ms"] > 0
+    assert sampling["outside_aten_ms"] >= 0, f"the ATen operations' own times exceed the profiled time: {sampling}"
     written = json.loads(out.read_text())
     assert written["samples_per_cpu_second"] == report["samples_per_cpu_second"]
     assert written["config"]["steps"] == 1 and written["config"]["hidden"] == 16
     assert {"torch", "transformers", "trl", "peft", "cpu", "torch_threads"} <= set(written["environment"])
+
+
+def test_the_sampling_profile_splits_aten_time_into_products_attention_and_the_rest_without_counting_twice():
+    x, w = torch.randn(6, 16, 128), torch.randn(6, 128, 256)
+    q = torch.randn(96, 4, 1, 32)
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        torch.bmm(x, w)
+        F.scaled_dot_product_attention(q, q, q)
+        (x * 2).to(torch.float64)  # to -> _to_copy -> copy_: nested operations, each counted by its own time
+    kinds, other = aten_ms_by_kind(profiler.key_averages())
+    assert kinds["products_ms"] > 0 and kinds["attention_ms"] > 0 and kinds["other_aten_ms"] > 0, kinds
+    assert {"aten::mul", "aten::copy_"} <= set(other), f"the other operations by name: {other}"
+    assert not {"aten::bmm", "aten::scaled_dot_product_attention"} & set(other), "a product or attention among the rest"
+    inclusive = sum(e.cpu_time_total for e in profiler.key_averages() if e.key.startswith("aten::")) / 1e3
+    assert sum(kinds.values()) < inclusive, "self times, not times including the nested operations"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -33,9 +33,20 @@ def speed_markdown(out_dir: str | Path) -> str:
     phases = bench.get("stacked_phase_wall_seconds")  # absent from benchmarks run before it was recorded
     if phases:
         lines += [f"Where the stacked step's time goes (wall-seconds, median): {phase_split(phases)}.", ""]
+    sampling = bench.get("stacked_sampling_ms_per_decoding_step")  # recorded since the benchmark profiles sampling
+    if sampling:
+        lines += [f"Where the stacked sampling's time goes: {sampling_split(sampling)}.", ""]
     return "\n".join(lines)
 
 
 def phase_split(phases: dict[str, float]) -> str:
     """Seconds by phase as text: 'generate 0.371, reward 0.001, ...'."""
     return ", ".join(f"{phase} {value:.3f}" for phase, value in phases.items())
+
+
+def sampling_split(sampling: dict[str, float]) -> str:
+    """The benchmark's sampling profile as text: ms per decoding step, then the profiled step by kind."""
+    return (f"{sampling['cpu_ms']:.2f} CPU-ms per decoding step of every row ({sampling['decoding_steps']} steps); "
+            f"under the profiler {sampling['profiled_ms']:.2f} ms: weight products {sampling['products_ms']:.2f}, "
+            f"attention {sampling['attention_ms']:.2f}, other ATen operations {sampling['other_aten_ms']:.2f}, "
+            f"outside ATen (Python, the profiler) {sampling['outside_aten_ms']:.2f}")

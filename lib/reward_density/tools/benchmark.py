@@ -6,6 +6,8 @@ at a time like TRL. Each is timed on the same random Qwen3 of the mini student's
 settings (P x G prompts and samples, the completion cap, temperature, top-p, KL beta; TRL's `bnpo` loss
 = our token mean; gradient checkpointing off), one CPU thread, in CPU-seconds (`time.process_time`),
 median over the timed steps after a warmup. A sample is one completion generated and trained on.
+It also splits the stacked sampling's time per decoding step into weight products, attention, the other ATen
+operations and what runs outside ATen (Python), under torch.profiler: where a faster decode would have to cut.
 
     python -m reward_density.tools.benchmark [--steps N] ... [--out FILE.json]
 """
@@ -26,21 +28,23 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import datasets
 import torch
 import trl
 from peft import LoraConfig
-from transformers import PrinterCallback
+from torch.profiler import ProfilerActivity, profile
+from transformers import PreTrainedTokenizerBase, PrinterCallback
 
-from ..analysis.speed import phase_split
+from ..analysis.speed import phase_split, sampling_split
 from ..data.problems import Problem
 from ..data.sources import load_causal_lm, load_tokenizer
 from ..grpo.deposits import Deposits
 from ..grpo.loss import LossConfig
 from ..grpo.policy import Policy, PolicyConfig
 from ..grpo.rollout import Rollout
-from ..grpo.sampler import SamplingConfig
+from ..grpo.sampler import SamplingConfig, sample_rollout
 from ..grpo.stacked import StackedPolicy
 from ..grpo.step import StepConfig, grpo_step, stacked_grpo_step
 from .measurement import StepTimer, environment, parse_ranks
@@ -50,6 +54,9 @@ from .stand_ins import build_qwen3, build_tokenizer
 SIZES = ("prompts", "generations", "max_new_tokens", "hidden", "layers")  # each at least 1
 CLI_FIELDS = ("steps", "warmup", *SIZES)
 PHASES = ("generate", "reward", "reference", "train")  # the stacked step's parts, as its metrics time them
+PRODUCT_OPS = ("aten::bmm", "aten::mm", "aten::addmm", "aten::baddbmm", "aten::matmul", "aten::linear")
+ATTENTION_OPS = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product")  # name prefixes
+TOP_OTHER_OPS = 6  # the other ATen operations the sampling profile names
 
 
 @dataclass(frozen=True)
@@ -150,10 +157,7 @@ def _cpu_seconds(step: Callable[[int], object], config: BenchConfig) -> list[flo
 def time_stacked(model_dir: Path, config: BenchConfig) -> tuple[list[float], dict[str, float]]:
     """CPU-seconds of each stacked step of every arm at once (our engine for the mini world), and the median
     wall-seconds of each of its phases over the timed steps (on one thread, close to their CPU-seconds)."""
-    torch.manual_seed(config.seed)
-    tokenizer = load_tokenizer(model_dir)
-    policy = StackedPolicy(load_causal_lm(model_dir), [PolicyConfig(rank=r, alpha=config.lora_alpha)
-                                                        for r in config.ranks], config.seed)
+    tokenizer, policy = _stacked_policy(model_dir, config)
     optimizer = torch.optim.AdamW([{"params": policy.parameters(a), "lr": config.learning_rate}
                                    for a in range(policy.n_arms)], weight_decay=0.0)
     problems, reward, settings = _step_inputs(config)
@@ -166,6 +170,65 @@ def time_stacked(model_dir: Path, config: BenchConfig) -> tuple[list[float], dic
     seconds = _cpu_seconds(step, config)
     timed = metrics[config.warmup:]
     return seconds, {phase: statistics.median(m[f"{phase}_seconds"] for m in timed) for phase in PHASES}
+
+
+def _stacked_policy(model_dir: Path, config: BenchConfig) -> tuple[PreTrainedTokenizerBase, StackedPolicy]:
+    """The tokenizer and a fresh stacked policy of every arm."""
+    torch.manual_seed(config.seed)
+    policy = StackedPolicy(load_causal_lm(model_dir), [PolicyConfig(rank=r, alpha=config.lora_alpha)
+                                                        for r in config.ranks], config.seed)
+    return load_tokenizer(model_dir), policy
+
+
+def profile_sampling(model_dir: Path, config: BenchConfig) -> dict[str, Any]:
+    """Where the stacked sampling's time goes, in ms per decoding step (a token for every row of every arm).
+
+    One rollout is timed in CPU-seconds, then another, identical, under torch.profiler, whose ATen operations' own
+    time is split into weight products, attention and the rest. What the profiled rollout spent outside ATen
+    (Python, our code, the profiler's own bookkeeping) is an upper bound on what running the loop without Python
+    would save. Prefill and the token draw are counted in.
+    """
+    tokenizer, policy = _stacked_policy(model_dir, config)
+    problems, _, settings = _step_inputs(config)
+
+    def sample() -> Rollout:
+        with torch.no_grad():
+            return sample_rollout(policy.weights(), tokenizer, problems, settings.group_size, settings.sampling,
+                                  config.seed)
+
+    sample()  # warm-up: the first call allocates what later ones reuse
+    start = time.process_time()
+    tokens = sample().completion_ids.shape[1]
+    cpu_seconds = time.process_time() - start
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        start = time.perf_counter()
+        sample()
+        profiled_seconds = time.perf_counter() - start
+    kinds, other = aten_ms_by_kind(profiler.key_averages())
+    per_token = {name: ms / tokens for name, ms in kinds.items()}
+    profiled_ms = 1e3 * profiled_seconds / tokens
+    return {"decoding_steps": tokens, "cpu_ms": 1e3 * cpu_seconds / tokens, "profiled_ms": profiled_ms,
+            **per_token, "outside_aten_ms": profiled_ms - sum(per_token.values()),
+            "top_other_ops_ms": {name: ms / tokens for name, ms in other.items()}}
+
+
+def aten_ms_by_kind(events) -> tuple[dict[str, float], dict[str, float]]:
+    """The ATen operations' own CPU milliseconds (children excluded, so nothing counts twice) by kind, and the
+    costliest of the other operations by name."""
+    kinds = {"products_ms": 0.0, "attention_ms": 0.0, "other_aten_ms": 0.0}
+    other = {}
+    for event in events:
+        if not event.key.startswith("aten::"):
+            continue
+        ms = event.self_cpu_time_total / 1e3
+        if event.key in PRODUCT_OPS:
+            kinds["products_ms"] += ms
+        elif event.key.startswith(ATTENTION_OPS):
+            kinds["attention_ms"] += ms
+        else:
+            kinds["other_aten_ms"] += ms
+            other[event.key] = ms
+    return kinds, dict(sorted(other.items(), key=lambda item: -item[1])[:TOP_OTHER_OPS])
 
 
 def time_single(model_dir: Path, config: BenchConfig, rank: int | None) -> list[float]:
@@ -253,6 +316,7 @@ def _run(config: BenchConfig, workdir: Path) -> dict:
     model = build_model(config, workdir)
     stacked_seconds, phases = time_stacked(model, config)
     stacked = statistics.median(stacked_seconds)
+    sampling = profile_sampling(model, config)
     # The same step without the KL penalty and without tracking it: the reference pass is skipped.
     kl_free = statistics.median(time_stacked(model, dataclasses.replace(config, beta=0.0))[0])
     single = {arm_name(r): statistics.median(time_single(model, config, r)) for r in config.ranks}
@@ -268,6 +332,7 @@ def _run(config: BenchConfig, workdir: Path) -> dict:
                                  "ours (peft)": single, "TRL": trl_seconds},
         "kl_free_saving": 1 - kl_free / stacked,  # the share of the step the reference pass costs
         "stacked_phase_wall_seconds": phases,
+        "stacked_sampling_ms_per_decoding_step": sampling,
         "samples_per_cpu_second": throughput,
         "ours_over_trl": throughput["ours (stacked)"] / throughput["TRL GRPOTrainer (one arm at a time)"],
     }
@@ -285,6 +350,7 @@ def format_table(report: dict) -> str:
                  + ", ".join(f"{arm} {seconds['ours (peft)'][arm]:.3f} / {seconds['TRL'][arm]:.3f}"
                              for arm in seconds["TRL"]))
     lines.append(f"stacked step by phase (wall-s, median): {phase_split(report['stacked_phase_wall_seconds'])}")
+    lines.append(f"stacked sampling: {sampling_split(report['stacked_sampling_ms_per_decoding_step'])}")
     return "\n".join(lines)
 
 
