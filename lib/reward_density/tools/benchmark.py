@@ -198,18 +198,18 @@ def profile_sampling(model_dir: Path, config: BenchConfig) -> dict[str, Any]:
 
     sample()  # warm-up: the first call allocates what later ones reuse
     start = time.process_time()
-    tokens = sample().completion_ids.shape[1]
+    steps = sample().completion_ids.shape[1]
     cpu_seconds = time.process_time() - start
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
         start = time.perf_counter()
         sample()
         profiled_seconds = time.perf_counter() - start
     kinds, other = aten_ms_by_kind(profiler.key_averages())
-    per_token = {name: ms / tokens for name, ms in kinds.items()}
-    profiled_ms = 1e3 * profiled_seconds / tokens
-    return {"decoding_steps": tokens, "cpu_ms": 1e3 * cpu_seconds / tokens, "profiled_ms": profiled_ms,
-            **per_token, "outside_aten_ms": profiled_ms - sum(per_token.values()),
-            "top_other_ops_ms": {name: ms / tokens for name, ms in other.items()}}
+    per_step = {name: ms / steps for name, ms in kinds.items()}
+    profiled_ms = 1e3 * profiled_seconds / steps
+    return {"decoding_steps": steps, "cpu_ms": 1e3 * cpu_seconds / steps, "profiled_ms": profiled_ms,
+            **per_step, "outside_aten_ms": profiled_ms - sum(per_step.values()),
+            "top_other_ops_ms": {name: ms / steps for name, ms in other.items()}}
 
 
 def aten_ms_by_kind(events) -> tuple[dict[str, float], dict[str, float]]:
