@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 BENCHMARK_FILE = "benchmark.json"  # written into a study's outputs folder by `--stages benchmark`
 
@@ -44,7 +45,7 @@ def phase_split(phases: dict[str, float]) -> str:
     return ", ".join(f"{phase} {value:.3f}" for phase, value in phases.items())
 
 
-def sampling_split(sampling: dict[str, float]) -> str:
+def sampling_split(sampling: dict[str, Any]) -> str:
     """The benchmark's sampling profile as text: ms per decoding step, then the profiled step by kind."""
     return (f"{sampling['cpu_ms']:.2f} CPU-ms per decoding step of every row ({sampling['decoding_steps']} steps); "
             f"under the profiler {sampling['profiled_ms']:.2f} ms: weight products {sampling['products_ms']:.2f}, "
