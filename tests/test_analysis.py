@@ -260,6 +260,14 @@ def test_the_report_shows_the_benchmark_ratio_when_one_was_run_and_says_how_when
     text = write_report(cells, out, margin=0.05, profile_name="smoke").read_text()
     assert ("5.43 CPU-ms per decoding step of every row (64 steps); under the profiler 6.08 ms: weight products 1.51, "
             "attention 0.99, other ATen operations 2.51, outside ATen (Python, the profiler) 1.07") in text
+    assert "Against its compute floor" not in text, "a benchmark without a FLOP count shows no floor"
+    bench["compute_floor"] = {"gflop_per_step": {"products": 35.12, "attention": 8.96},
+                              "matmul_gflop_per_cpu_second": 208.4, "floor_cpu_seconds": 0.2116,
+                              "step_over_floor": 4.31, "trl_over_floor": 9.52}
+    (out / "benchmark.json").write_text(json.dumps(bench))
+    text = write_report(cells, out, margin=0.05, profile_name="smoke").read_text()
+    assert ("35.1 GFLOP of weight products and 9.0 of attention per step at 208 GFLOP per CPU-s (one thread, a large "
+            "fp32 product) take 0.212 CPU-s; the step takes 4.3x that, TRL's arms 9.5x") in text
 
 
 def test_a_regime_with_more_seeds_counts_its_own_in_the_matrix(outputs):

@@ -5,8 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
 
-from reward_density.tools.benchmark import aten_ms_by_kind, main
+from reward_density.tools.benchmark import CPU_ATTENTION_FLOPS, aten_ms_by_kind, main
 
 
 def test_benchmark_times_every_implementation_on_every_arm_and_writes_json(tmp_path):
@@ -27,6 +28,11 @@ def test_benchmark_times_every_implementation_on_every_arm_and_writes_json(tmp_p
     assert 1 <= sampling["decoding_steps"] <= 4, f"at most --max-new-tokens decoding steps: {sampling}"
     assert sampling["cpu_ms"] > 0 and sampling["products_ms"] > 0 and sampling["attention_ms"] > 0
     assert sampling["outside_aten_ms"] >= 0, f"the ATen operations' own times exceed the profiled time: {sampling}"
+    floor = report["compute_floor"]
+    assert floor["gflop_per_step"]["products"] > 0 and floor["gflop_per_step"]["attention"] > 0, floor
+    assert floor["matmul_gflop_per_cpu_second"] > 0 and floor["floor_cpu_seconds"] > 0
+    assert floor["step_over_floor"] == pytest.approx(seconds["ours (stacked, all arms)"] / floor["floor_cpu_seconds"])
+    assert floor["trl_over_floor"] == pytest.approx(sum(seconds["TRL"].values()) / floor["floor_cpu_seconds"])
     written = json.loads(out.read_text())
     assert written["samples_per_cpu_second"] == report["samples_per_cpu_second"]
     assert written["config"]["steps"] == 1 and written["config"]["hidden"] == 16
@@ -46,6 +52,24 @@ def test_the_sampling_profile_splits_aten_time_into_products_attention_and_the_r
     assert not {"aten::bmm", "aten::scaled_dot_product_attention"} & set(other), "a product or attention among the rest"
     inclusive = sum(e.cpu_time_total for e in profiler.key_averages() if e.key.startswith("aten::")) / 1e3
     assert sum(kinds.values()) < inclusive, "self times, not times including the nested operations"
+
+
+def test_the_flop_count_takes_the_cpu_attention_at_its_products_and_its_gradient_at_five_of_them():
+    rows, heads, kv_heads, queries, keys, dim = 3, 4, 2, 5, 7, 8  # grouped-query, as the student's attention
+    q = torch.randn(rows, heads, queries, dim, requires_grad=True)
+    k, v = torch.randn(rows, kv_heads, keys, dim), torch.randn(rows, kv_heads, keys, dim)
+    mask = torch.ones(queries, keys, dtype=torch.bool)  # a mask, as the packed forward's, keeps the CPU's kernel
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS) as counter:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    product = 2 * rows * heads * queries * keys * dim  # one [queries x dim] by [dim x keys] product per query head
+    forward = counter.get_flop_counts()["Global"]
+    assert forward == {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: 2 * product}, (
+        f"scores and values, every query head: {forward}")
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS) as counter:
+        out.sum().backward()
+    backward = counter.get_flop_counts()["Global"]
+    assert backward == {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: 5 * product}, (
+        f"the scores recomputed, then the gradients of values, probabilities, queries and keys: {backward}")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -37,6 +37,9 @@ def speed_markdown(out_dir: str | Path) -> str:
     sampling = bench.get("stacked_sampling_ms_per_decoding_step")  # recorded since the benchmark profiles sampling
     if sampling:
         lines += [f"Where the stacked sampling's time goes: {sampling_split(sampling)}.", ""]
+    floor = bench.get("compute_floor")  # recorded since the benchmark counts the step's FLOPs
+    if floor:
+        lines += [f"Against its compute floor: {floor_split(floor)}.", ""]
     return "\n".join(lines)
 
 
@@ -51,3 +54,12 @@ def sampling_split(sampling: dict[str, Any]) -> str:
             f"under the profiler {sampling['profiled_ms']:.2f} ms: weight products {sampling['products_ms']:.2f}, "
             f"attention {sampling['attention_ms']:.2f}, other ATen operations {sampling['other_aten_ms']:.2f}, "
             f"outside ATen (Python, the profiler) {sampling['outside_aten_ms']:.2f}")
+
+
+def floor_split(floor: dict[str, Any]) -> str:
+    """The benchmark's compute floor as text: the step's GFLOP by kind, the product rate, the floor and the ratios."""
+    flops = floor["gflop_per_step"]
+    return (f"{flops['products']:.1f} GFLOP of weight products and {flops['attention']:.1f} of attention per step at "
+            f"{floor['matmul_gflop_per_cpu_second']:.0f} GFLOP per CPU-s (one thread, a large fp32 product) take "
+            f"{floor['floor_cpu_seconds']:.3f} CPU-s; the step takes {floor['step_over_floor']:.1f}x that, TRL's "
+            f"arms {floor['trl_over_floor']:.1f}x")

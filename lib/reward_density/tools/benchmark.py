@@ -8,6 +8,8 @@ settings (P x G prompts and samples, the completion cap, temperature, top-p, KL 
 median over the timed steps after a warmup. A sample is one completion generated and trained on.
 It also splits the stacked sampling's time per decoding step into weight products, attention, the other ATen
 operations and what runs outside ATen (Python), under torch.profiler: where a faster decode would have to cut.
+And it sets the stacked step against its compute floor: the FLOPs of its products and attention, counted, at
+the fp32 product rate one thread reaches on a large product.
 
     python -m reward_density.tools.benchmark [--steps N] ... [--out FILE.json]
 """
@@ -35,9 +37,10 @@ import torch
 import trl
 from peft import LoraConfig
 from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 from transformers import PreTrainedTokenizerBase, PrinterCallback
 
-from ..analysis.speed import phase_split, sampling_split
+from ..analysis.speed import floor_split, phase_split, sampling_split
 from ..data.problems import Problem
 from ..data.sources import load_causal_lm, load_tokenizer
 from ..grpo.deposits import Deposits
@@ -47,7 +50,7 @@ from ..grpo.rollout import Rollout
 from ..grpo.sampler import SamplingConfig, sample_rollout
 from ..grpo.stacked import StackedPolicy
 from ..grpo.step import StepConfig, grpo_step, stacked_grpo_step
-from .measurement import StepTimer, environment, parse_ranks
+from .measurement import StepTimer, environment, median_seconds, parse_ranks
 from .measurement import quiet as quiet_transformers
 from .stand_ins import build_qwen3, build_tokenizer
 
@@ -57,6 +60,7 @@ PHASES = ("generate", "reward", "reference", "train")  # the stacked step's part
 PRODUCT_OPS = ("aten::bmm", "aten::mm", "aten::addmm", "aten::baddbmm", "aten::matmul", "aten::linear")
 ATTENTION_OPS = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product")  # name prefixes
 TOP_OTHER_OPS = 6  # the other ATen operations the sampling profile names
+PROBE_SIDE = 1024  # the product rate's probe, 2.1 GFLOP: large enough to run at the core's peak rate
 
 
 @dataclass(frozen=True)
@@ -154,20 +158,23 @@ def _cpu_seconds(step: Callable[[int], object], config: BenchConfig) -> list[flo
     return seconds[config.warmup:]
 
 
-def time_stacked(model_dir: Path, config: BenchConfig) -> tuple[list[float], dict[str, float]]:
-    """CPU-seconds of each stacked step of every arm at once (our engine for the mini world), and the median
-    wall-seconds of each of its phases over the timed steps (on one thread, close to their CPU-seconds)."""
+def _stacked_steps(model_dir: Path, config: BenchConfig) -> Callable[[int], dict[str, float]]:
+    """step(i): the i-th stacked step of every arm of a fresh policy (seed + i), its first arm's metrics row (its
+    timings are the whole step's). Two policies stepped alike take identical steps."""
     tokenizer, policy = _stacked_policy(model_dir, config)
     optimizer = torch.optim.AdamW([{"params": policy.parameters(a), "lr": config.learning_rate}
                                    for a in range(policy.n_arms)], weight_decay=0.0)
     problems, reward, settings = _step_inputs(config)
+    return lambda i: stacked_grpo_step(policy, tokenizer, optimizer, problems, reward, settings,
+                                       seed=config.seed + i)[0]
+
+
+def time_stacked(model_dir: Path, config: BenchConfig) -> tuple[list[float], dict[str, float]]:
+    """CPU-seconds of each stacked step of every arm at once (our engine for the mini world), and the median
+    wall-seconds of each of its phases over the timed steps (on one thread, close to their CPU-seconds)."""
+    step = _stacked_steps(model_dir, config)
     metrics: list[dict[str, float]] = []
-
-    def step(i: int) -> None:  # keeps the first arm's metrics row: its timings are the whole step's
-        metrics.append(stacked_grpo_step(policy, tokenizer, optimizer, problems, reward, settings,
-                                         seed=config.seed + i)[0])
-
-    seconds = _cpu_seconds(step, config)
+    seconds = _cpu_seconds(lambda i: metrics.append(step(i)), config)
     timed = metrics[config.warmup:]
     return seconds, {phase: statistics.median(m[f"{phase}_seconds"] for m in timed) for phase in PHASES}
 
@@ -229,6 +236,51 @@ def aten_ms_by_kind(events) -> tuple[dict[str, float], dict[str, float]]:
             kinds["other_aten_ms"] += ms
             other[event.key] = ms
     return kinds, dict(sorted(other.items(), key=lambda item: -item[1])[:TOP_OTHER_OPS])
+
+
+def count_stacked_flops(model_dir: Path, config: BenchConfig) -> dict[str, float]:
+    """The mean GFLOP of the timed stacked steps by kind (weight products, attention), counted on a replay of them.
+
+    Counted is the arithmetic our step does, padding and masked keys included: each product's 2 m n k, and
+    attention's score and value products (their gradient's five, the scores recomputed). Elementwise work is not.
+    """
+    step = _stacked_steps(model_dir, config)
+    for i in range(config.warmup):
+        step(i)
+    totals = {"products": 0.0, "attention": 0.0}
+    for i in range(config.warmup, config.warmup + config.steps):
+        with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS) as counter:
+            step(i)
+        for op, flops in counter.get_flop_counts()["Global"].items():
+            totals["attention" if op in CPU_ATTENTION_FLOPS else "products"] += flops / 1e9 / config.steps
+    return totals
+
+
+def _attention_flops(query, key, value, *_, out_shape=None, **__) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+def _attention_backward_flops(grad_out, query, key, value, *_, out_shape=None, **__) -> int:
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+# torch's counter knows the GPU's attention kernels only; the CPU's does the same products (shapes in, FLOPs out).
+CPU_ATTENTION_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops,
+                       torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _attention_backward_flops}
+
+
+def matmul_gflops(side: int = PROBE_SIDE) -> float:
+    """One thread's fp32 product rate, GFLOP per CPU-second: a [side x side] by [side x side] product, median."""
+    a, b = torch.randn(side, side), torch.randn(side, side)
+    return 2 * side**3 / median_seconds(lambda: a @ b, clock=time.process_time) / 1e9
+
+
+def compute_floor(flops: dict[str, float], rate: float, stacked: float, trl: float) -> dict[str, Any]:
+    """The least CPU-seconds our step's counted arithmetic takes at the measured product rate, against the step
+    and TRL's steps of every arm (CPU-seconds for the same samples)."""
+    floor = sum(flops.values()) / rate
+    return {"gflop_per_step": flops, "matmul_gflop_per_cpu_second": rate, "floor_cpu_seconds": floor,
+            "step_over_floor": stacked / floor, "trl_over_floor": trl / floor}
 
 
 def time_single(model_dir: Path, config: BenchConfig, rank: int | None) -> list[float]:
@@ -317,6 +369,7 @@ def _run(config: BenchConfig, workdir: Path) -> dict:
     stacked_seconds, phases = time_stacked(model, config)
     stacked = statistics.median(stacked_seconds)
     sampling = profile_sampling(model, config)
+    flops = count_stacked_flops(model, config)
     # The same step without the KL penalty and without tracking it: the reference pass is skipped.
     kl_free = statistics.median(time_stacked(model, dataclasses.replace(config, beta=0.0))[0])
     single = {arm_name(r): statistics.median(time_single(model, config, r)) for r in config.ranks}
@@ -333,6 +386,7 @@ def _run(config: BenchConfig, workdir: Path) -> dict:
         "kl_free_saving": 1 - kl_free / stacked,  # the share of the step the reference pass costs
         "stacked_phase_wall_seconds": phases,
         "stacked_sampling_ms_per_decoding_step": sampling,
+        "compute_floor": compute_floor(flops, matmul_gflops(), stacked, sum(trl_seconds.values())),
         "samples_per_cpu_second": throughput,
         "ours_over_trl": throughput["ours (stacked)"] / throughput["TRL GRPOTrainer (one arm at a time)"],
     }
@@ -351,6 +405,7 @@ def format_table(report: dict) -> str:
                              for arm in seconds["TRL"]))
     lines.append(f"stacked step by phase (wall-s, median): {phase_split(report['stacked_phase_wall_seconds'])}")
     lines.append(f"stacked sampling: {sampling_split(report['stacked_sampling_ms_per_decoding_step'])}")
+    lines.append(f"compute floor: {floor_split(report['compute_floor'])}")
     return "\n".join(lines)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -24,6 +25,21 @@ def synchronize(device: str | torch.device) -> None:
     """Wait for the device's queued work (a no-op off CUDA), so a clock read next includes it."""
     if on_cuda(device):
         torch.cuda.synchronize(device)
+
+
+def median_seconds(work: Callable[[], object], device: str | torch.device = "cpu", repeats: int = 10,
+                   clock: Callable[[], float] = time.perf_counter) -> float:
+    """Median seconds on a clock of work() after three warmup calls, the device synchronised around each."""
+    for _ in range(3):
+        work()
+    seconds = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = clock()
+        work()
+        synchronize(device)
+        seconds.append(clock() - start)
+    return statistics.median(seconds)
 
 
 class StepTimer(TrainerCallback):

@@ -60,7 +60,7 @@ from .gpu_memory import (
     DecoderShape,
     student_memory,
 )
-from .measurement import StepTimer, environment, on_cuda, parse_ranks, quiet, synchronize
+from .measurement import StepTimer, environment, median_seconds, on_cuda, parse_ranks, quiet, synchronize
 
 SCALES = {  # the models of each scale: the paper's, or tiny ones of the same architectures for a CPU
     "paper": {"student": QWEN3_1_7B, "teacher": QWEN3_8B, "prm": MATH_SHEPHERD_MISTRAL_7B},
@@ -166,28 +166,14 @@ def problem_set(count: int, words: int, vocab: int, seed: int) -> list[Problem]:
 # ------------------------------------------------------------------------------------ the floor
 
 
-def _median_seconds(work: Callable[[], object], device: str, repeats: int = 10) -> float:
-    """Median wall seconds of work() after three warmup calls, the device synchronised around each."""
-    for _ in range(3):
-        work()
-    seconds = []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        work()
-        synchronize(device)
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
-
-
 def probe_device(device: str, scale: str) -> dict[str, float]:
     """The two ceilings measured here: copy bandwidth (bytes read + written per second) and bf16 matmul FLOP/s."""
     size, side = PROBE_SIZES[scale]
     source = torch.randn(size // 2, device=device, dtype=torch.bfloat16)
     target = torch.empty_like(source)
-    copy = _median_seconds(lambda: target.copy_(source), device)
+    copy = median_seconds(lambda: target.copy_(source), device)
     a, b = (torch.randn(side, side, device=device, dtype=torch.bfloat16) for _ in range(2))
-    matmul = _median_seconds(lambda: a @ b, device)
+    matmul = median_seconds(lambda: a @ b, device)
     return {"bandwidth_bytes_per_s": 2 * size / copy, "matmul_flops_per_s": 2 * side**3 / matmul}
 
 
