@@ -238,6 +238,19 @@ def aten_ms_by_kind(events) -> tuple[dict[str, float], dict[str, float]]:
     return kinds, dict(sorted(other.items(), key=lambda item: -item[1])[:TOP_OTHER_OPS])
 
 
+def _attention_flops(query, key, value, *_, out_shape=None, **__) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+def _attention_backward_flops(grad_out, query, key, value, *_, out_shape=None, **__) -> int:
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+# torch's counter knows the GPU's attention kernels only; the CPU's does the same products (shapes in, FLOPs out).
+CPU_ATTENTION_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops,
+                       torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _attention_backward_flops}
+
+
 def count_stacked_flops(model_dir: Path, config: BenchConfig) -> dict[str, float]:
     """The mean GFLOP of the timed stacked steps by kind (weight products, attention), counted on a replay of them.
 
@@ -254,19 +267,6 @@ def count_stacked_flops(model_dir: Path, config: BenchConfig) -> dict[str, float
         for op, flops in counter.get_flop_counts()["Global"].items():
             totals["attention" if op in CPU_ATTENTION_FLOPS else "products"] += flops / 1e9 / config.steps
     return totals
-
-
-def _attention_flops(query, key, value, *_, out_shape=None, **__) -> int:
-    return sdpa_flop_count(query, key, value)
-
-
-def _attention_backward_flops(grad_out, query, key, value, *_, out_shape=None, **__) -> int:
-    return sdpa_backward_flop_count(grad_out, query, key, value)
-
-
-# torch's counter knows the GPU's attention kernels only; the CPU's does the same products (shapes in, FLOPs out).
-CPU_ATTENTION_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops,
-                       torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _attention_backward_flops}
 
 
 def matmul_gflops(side: int = PROBE_SIDE) -> float:
