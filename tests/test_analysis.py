@@ -234,7 +234,13 @@ def test_partial_matrices_still_report(tmp_path, setup):
 
 def test_the_report_shows_the_benchmark_ratio_when_one_was_run_and_says_how_when_not(outputs, tmp_path):
     cells, out = load_cells(outputs), tmp_path / "analysis"
-    text = write_report(cells, out, margin=0.05, profile_name="smoke").read_text()
+
+    def report_with(bench: dict | None) -> str:  # the report's text with this benchmark.json beside it (None: none)
+        if bench is not None:
+            (out / "benchmark.json").write_text(json.dumps(bench))
+        return write_report(cells, out, margin=0.05, profile_name="smoke").read_text()
+
+    text = report_with(None)
     assert "## Speed against TRL" in text and "Not measured for this study" in text and "--stages benchmark" in text
     bench = {"config": {"prompts": 4, "generations": 4, "max_new_tokens": 64, "hidden": 128, "layers": 3, "beta": 0.05,
                         "steps": 8, "warmup": 2},
@@ -242,30 +248,26 @@ def test_the_report_shows_the_benchmark_ratio_when_one_was_run_and_says_how_when
                              "trl": "1", "commit": "0123456789abcdef"},
              "samples_per_cpu_second": {"ours (stacked)": 60.31, "TRL GRPOTrainer (one arm at a time)": 36.21},
              "ours_over_trl": 1.6656}
-    (out / "benchmark.json").write_text(json.dumps(bench))
-    text = write_report(cells, out, margin=0.05, profile_name="smoke").read_text()
+    text = report_with(bench)
     assert "Not measured" not in text, "a benchmark file in the folder must be reported"
     assert "| ours (stacked) | 60.3 |" in text and "| TRL GRPOTrainer (one arm at a time) | 36.2 |" in text
     assert "**1.67x**" in text and "Some CPU (AVX2)" in text and "commit 0123456789ab" in text
     assert "Where the stacked step's time goes" not in text, "a benchmark without phase timings shows none"
     bench["stacked_phase_wall_seconds"] = {"generate": 0.405, "reward": 0.001, "reference": 0.131, "train": 0.458}
-    (out / "benchmark.json").write_text(json.dumps(bench))
-    text = write_report(cells, out, margin=0.05, profile_name="smoke").read_text()
+    text = report_with(bench)
     assert "(wall-seconds, median): generate 0.405, reward 0.001, reference 0.131, train 0.458." in text
     assert "Where the stacked sampling's time goes" not in text, "a benchmark without a sampling profile shows none"
     bench["stacked_sampling_ms_per_decoding_step"] = {
         "decoding_steps": 64, "cpu_ms": 5.43, "profiled_ms": 6.08, "products_ms": 1.51, "attention_ms": 0.99,
         "other_aten_ms": 2.51, "outside_aten_ms": 1.07, "top_other_ops_ms": {"aten::sort": 0.67}}
-    (out / "benchmark.json").write_text(json.dumps(bench))
-    text = write_report(cells, out, margin=0.05, profile_name="smoke").read_text()
+    text = report_with(bench)
     assert ("5.43 CPU-ms per decoding step of every row (64 steps); under the profiler 6.08 ms: weight products 1.51, "
             "attention 0.99, other ATen operations 2.51, outside ATen (Python, the profiler) 1.07") in text
     assert "Against its compute floor" not in text, "a benchmark without a FLOP count shows no floor"
     bench["compute_floor"] = {"gflop_per_step": {"products": 35.12, "attention": 8.96},
                               "matmul_gflop_per_cpu_second": 208.4, "floor_cpu_seconds": 0.2116,
                               "step_over_floor": 4.31, "trl_over_floor": 9.52}
-    (out / "benchmark.json").write_text(json.dumps(bench))
-    text = write_report(cells, out, margin=0.05, profile_name="smoke").read_text()
+    text = report_with(bench)
     assert ("35.1 GFLOP of weight products and 9.0 of attention per step at 208 GFLOP per CPU-s (one thread, a large "
             "fp32 product) take 0.212 CPU-s; the step takes 4.3x that, TRL's arms 9.5x") in text
 
