@@ -238,11 +238,11 @@ def aten_ms_by_kind(events) -> tuple[dict[str, float], dict[str, float]]:
     return kinds, dict(sorted(other.items(), key=lambda item: -item[1])[:TOP_OTHER_OPS])
 
 
-def _attention_flops(query, key, value, *_, out_shape=None, **__) -> int:
+def _attention_flops(query, key, value, *_, **__) -> int:
     return sdpa_flop_count(query, key, value)
 
 
-def _attention_backward_flops(grad_out, query, key, value, *_, out_shape=None, **__) -> int:
+def _attention_backward_flops(grad_out, query, key, value, *_, **__) -> int:
     return sdpa_backward_flop_count(grad_out, query, key, value)
 
 
