@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import ClassVar
 
 from ..data.problems import Problem
@@ -42,9 +42,6 @@ class TaskConfig:
         for name in ("p_direct", "p_redundant", "p_wrong_step", "p_ramble"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {getattr(self, name)}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
     # The task interface the world builder reads (world/multiplication.py has the same).
     answer_format: ClassVar[str] = "boxed"
