@@ -49,5 +49,5 @@ def sft_step(
     optimizer.step()
     seconds = time.perf_counter() - start
     tokens = float(mask[:n].sum())
-    return [{"loss": float(loss), "grad_norm": float(norm), "tokens": tokens, "step_seconds": seconds,
+    return [{"loss": float(loss.detach()), "grad_norm": float(norm), "tokens": tokens, "step_seconds": seconds,
              "train_seconds": seconds, "arms": policy.n_arms} for loss, norm in zip(losses, norms)]
