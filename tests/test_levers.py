@@ -7,20 +7,25 @@ import pytest
 import torch
 
 from reward_density.data.problems import Problem
+from reward_density.grpo import sampler
 from reward_density.grpo import stacked as stacked_engine
 from reward_density.grpo.policy import PolicyConfig
 from reward_density.grpo.sampler import SamplingConfig, sample_rollout
 from reward_density.grpo.stacked import StackedPolicy
-from reward_density.tools.levers import check_levers, lever_forward, main
+from reward_density.tools.levers import CompiledDecoder, check_levers, lever_forward, lever_patches, main
 from reward_density.tools.stand_ins import build_qwen3
 
 PROBLEMS = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\n", "41")]
 
 
+def two_arms(tiny_tokenizer) -> StackedPolicy:
+    return StackedPolicy(build_qwen3(len(tiny_tokenizer), seed=0), [PolicyConfig(rank=2), PolicyConfig(rank=None)],
+                         seed=0)
+
+
 def scores_under(lever: str, tiny_tokenizer) -> torch.Tensor:
     """The stacked policy's completion log-probs of one fixed rollout, with the lever patched in as the tool does."""
-    policy = StackedPolicy(build_qwen3(len(tiny_tokenizer), seed=0), [PolicyConfig(rank=2), PolicyConfig(rank=None)],
-                           seed=0)
+    policy = two_arms(tiny_tokenizer)
     with torch.no_grad():
         rollout = sample_rollout(policy.weights(), tiny_tokenizer, PROBLEMS, 2, SamplingConfig(6), seed=1)
         with mock.patch.object(stacked_engine, "forward", lever_forward(lever)):
@@ -31,6 +36,22 @@ def test_bf16_lever_changes_the_bits_of_the_scores_but_not_their_values(tiny_tok
     plain, bf16 = scores_under("fp32", tiny_tokenizer), scores_under("bf16", tiny_tokenizer)
     assert not torch.equal(plain, bf16), "the bf16 lever did not reach the stacked forward"
     torch.testing.assert_close(bf16, plain, atol=0.1, rtol=0.05, msg="bf16 scores are not the fp32 ones, rounded")
+
+
+def test_compiled_decode_lever_draws_the_study_decoders_tokens(tiny_tokenizer):
+    policy = two_arms(tiny_tokenizer)
+
+    def rollout():
+        with torch.no_grad():
+            return sample_rollout(policy.weights(), tiny_tokenizer, PROBLEMS, 2, SamplingConfig(6), seed=1)
+
+    plain = rollout()
+    with lever_patches("compiled-decode"):
+        assert sampler.decoder_kind(SamplingConfig(6), torch.device("cpu")) is CompiledDecoder
+        compiled = rollout()
+    assert torch.equal(compiled.completion_ids, plain.completion_ids), "the compiled decode drew other tokens"
+    torch.testing.assert_close(compiled.sampler_logps, plain.sampler_logps,
+                               msg="the compiled decode's log-probs are not the study's up to rounding")
 
 
 def test_levers_are_checked_and_fp32_always_leads():

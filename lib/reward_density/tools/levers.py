@@ -1,8 +1,9 @@
 """Speed levers that change the arithmetic, timed on the benchmark's stacked step: bf16 autocast, torch.compile.
 
-Neither is in the study: each would change the bits behind every committed result (README, Speed). This tool
-keeps the measurement that weighed them reproducible. A lever replaces the stacked forward that scores
-completions (the training forward and the reference pass, grpo/stacked.py); sampling is left as it is.
+None is in the study: each would change the bits behind every committed result (README, Speed). This tool
+keeps the measurement that weighed them reproducible. bf16 and compile replace the stacked forward that scores
+completions (the training forward and the reference pass, grpo/stacked.py), leaving sampling as it is;
+compiled-decode replaces sampling's per-token step with a compiled one (CompiledDecoder), leaving scoring as it is.
 Every lever is timed in one run beside the plain fp32 step, on the benchmark's random Qwen3 and settings
 (tools/benchmark.py), one CPU thread, CPU-seconds, median over the timed steps after a warmup. Compiling
 shows as the set-up and warm-up CPU-seconds beyond the plain step's.
@@ -11,6 +12,7 @@ shows as the set-up and warm-up CPU-seconds beyond the plain step's.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import statistics
@@ -21,14 +23,17 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+import torch.nn.functional as F
 from torch._inductor import config as inductor_config
+from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
 from ..analysis.speed import phase_split
-from ..grpo import qwen3, stacked
+from ..grpo import qwen3, sampler, stacked
+from ..grpo.cuda_graph import StaticDecoder
 from .benchmark import BenchConfig, bench_parser, build_model, one_thread, parse_bench, quiet, time_stacked
 from .measurement import environment
 
-LEVERS = ("fp32", "bf16", "compile", "bf16+compile")  # fp32: the study's own forward, the baseline
+LEVERS = ("fp32", "bf16", "compile", "bf16+compile", "compiled-decode")  # fp32: the study's own step, the baseline
 
 
 def check_levers(names: Sequence[str]) -> tuple[str, ...]:
@@ -41,23 +46,91 @@ def check_levers(names: Sequence[str]) -> tuple[str, ...]:
 
 def lever_forward(lever: str) -> Callable:
     """The stacked Qwen3 forward with the lever applied."""
-    forward = qwen3.forward
-    if "bf16" in lever:
+    forward, parts = qwen3.forward, lever.split("+")
+    if "bf16" in parts:
         plain = forward
 
         def forward(*args, **kwargs):
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 return plain(*args, **kwargs)
-    if "compile" in lever:
+    if "compile" in parts:
         torch._dynamo.reset()  # each lever compiles from scratch: its cost is part of what is measured
         forward = torch.compile(forward, dynamic=True)  # the packed length changes every step
     return forward
 
 
+def decode_step(weights: qwen3.Qwen3Weights, tokens: torch.Tensor, positions: torch.Tensor, index: torch.Tensor,
+                key_mask: torch.Tensor, keys: torch.Tensor, values: torch.Tensor):
+    """StaticDecoder's step without writing the cache: logits [R, V] of one new token per row, and the new keys and
+    values [layers, R, kv_heads, 1, head_dim] for the caller to store at `index`.
+
+    Attention is one softmax over the cached keys before `index` that the row may see and the new key, computed as
+    two parts sharing the maximum, so the cache is only read.
+    """
+    shape, arms = weights.shape, weights.arms
+    rows = tokens.shape[0]
+    batch, group = rows // arms, shape.heads // shape.kv_heads
+    x = qwen3.embed(weights, tokens.view(arms, batch, 1))
+    cos, sin = qwen3.rotary(shape, positions, x.dtype)
+    key = torch.arange(key_mask.shape[1], device=key_mask.device)
+    hidden = ~((key < index) & key_mask)[:, None, None, :]  # [R, 1, 1, T]: cached keys the row may not see
+    new_keys, new_values = [], []
+    for layer, w in enumerate(weights.layers):
+        h = qwen3.rms_norm(x, w["input_layernorm"], shape.eps)
+
+        def heads(name: str, count: int, norm: str | None = None) -> torch.Tensor:  # [R, count, 1, head_dim]
+            out = qwen3.linear(h, w[name]).reshape(arms, batch * count, shape.head_dim)
+            out = qwen3.rms_norm(out, w[norm], shape.eps) if norm else out
+            return out.view(rows, 1, count, shape.head_dim).transpose(1, 2)
+
+        q, k = apply_rotary_pos_emb(heads("q_proj", shape.heads, "q_norm"), heads("k_proj", shape.kv_heads, "k_norm"),
+                                    cos, sin)
+        v = heads("v_proj", shape.kv_heads)
+        new_keys.append(k)
+        new_values.append(v)
+        q = q.reshape(rows, shape.kv_heads, group, shape.head_dim) * shape.head_dim ** -0.5
+        cached = (q @ keys[layer].transpose(-1, -2)).masked_fill(hidden, float("-inf"))  # [R, kv_heads, group, T]
+        own = (q * k).sum(-1, keepdim=True)
+        top = torch.maximum(cached.amax(-1, keepdim=True), own)
+        cached, own = (cached - top).exp(), (own - top).exp()
+        out = (cached @ values[layer] + own * v) / (cached.sum(-1, keepdim=True) + own)
+        x = x + qwen3.linear(out.reshape(arms, batch, 1, -1), w["o_proj"])
+        h = qwen3.rms_norm(x, w["post_attention_layernorm"], shape.eps)
+        x = x + qwen3.linear(F.silu(qwen3.linear(h, w["gate_proj"])) * qwen3.linear(h, w["up_proj"]), w["down_proj"])
+    logits = qwen3.lm_head(weights, x)
+    return logits.reshape(rows, -1), torch.stack(new_keys), torch.stack(new_values)
+
+
+class CompiledDecoder(StaticDecoder):
+    """StaticDecoder with its step compiled, the cache written outside the graph: written inside it, the cache is
+    copied whole at every layer (functionalisation's price for a mutated input), which made sampling slower."""
+
+    step = staticmethod(torch.compile(decode_step, fullgraph=True))
+
+    def _run(self) -> torch.Tensor:
+        cache = self.cache  # filled by the prefill
+        logits, keys, values = self.step(self.weights, self.tokens, self.positions, self.index, cache.key_mask,
+                                         cache.keys, cache.values)
+        cache.keys.index_copy_(3, self.index, keys)
+        cache.values.index_copy_(3, self.index, values)
+        return logits
+
+
+def lever_patches(lever: str) -> contextlib.ExitStack:
+    """The patches that put the lever in place: the scoring forward, or sampling's decoder."""
+    patches = contextlib.ExitStack()
+    if lever == "compiled-decode":
+        torch._dynamo.reset()
+        patches.enter_context(mock.patch.object(sampler, "decoder_kind", lambda config, device: CompiledDecoder))
+    else:
+        patches.enter_context(mock.patch.object(stacked, "forward", lever_forward(lever)))
+    return patches
+
+
 def time_lever(model_dir: Path, config: BenchConfig, lever: str) -> dict:
     """The stacked step's median CPU-seconds under the lever, its set-up and warm-up CPU-seconds, its phases."""
     # no on-disk compile cache: a lever compiled by an earlier run would otherwise look cheap to compile
-    with mock.patch.object(stacked, "forward", lever_forward(lever)), inductor_config.patch(force_disable_caches=True):
+    with lever_patches(lever), inductor_config.patch(force_disable_caches=True):
         start = time.process_time()
         seconds, phases = time_stacked(model_dir, config)
         total = time.process_time() - start
