@@ -19,6 +19,7 @@ PROBLEMS = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12
 
 
 def two_arms(tiny_tokenizer) -> StackedPolicy:
+    """A rank-2 LoRA arm and a full fine-tuning arm of one tiny random Qwen3."""
     return StackedPolicy(build_qwen3(len(tiny_tokenizer), seed=0), [PolicyConfig(rank=2), PolicyConfig(rank=None)],
                          seed=0)
 
@@ -38,6 +39,7 @@ def test_bf16_lever_changes_the_bits_of_the_scores_but_not_their_values(tiny_tok
     torch.testing.assert_close(bf16, plain, atol=0.1, rtol=0.05, msg="bf16 scores are not the fp32 ones, rounded")
 
 
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")  # the lever compiles without the on-disk cache
 def test_compiled_decode_lever_draws_the_study_decoders_tokens(tiny_tokenizer):
     policy = two_arms(tiny_tokenizer)
 

@@ -60,7 +60,8 @@ def lever_forward(lever: str) -> Callable:
 
 
 def decode_step(weights: qwen3.Qwen3Weights, tokens: torch.Tensor, positions: torch.Tensor, index: torch.Tensor,
-                key_mask: torch.Tensor, keys: torch.Tensor, values: torch.Tensor):
+                key_mask: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """StaticDecoder's step without writing the cache: logits [R, V] of one new token per row, and the new keys and
     values [layers, R, kv_heads, 1, head_dim] for the caller to store at `index`.
 
@@ -117,8 +118,12 @@ class CompiledDecoder(StaticDecoder):
 
 
 def lever_patches(lever: str) -> contextlib.ExitStack:
-    """The patches that put the lever in place: the scoring forward, or sampling's decoder."""
+    """The patches that put the lever in place: the scoring forward, or sampling's decoder; no on-disk compile cache."""
     patches = contextlib.ExitStack()
+    # A lever compiled by an earlier run would look cheap to compile. And the cache is not keyed to the kernels ATen
+    # was told to use (ATEN_CPU_CAPABILITY, pinned by ./run_all.sh test): code generated for AVX-512 reloaded under
+    # the AVX2 pin reads and writes past its buffers (a segfault, torch 2.13).
+    patches.enter_context(inductor_config.patch(force_disable_caches=True))
     if lever == "compiled-decode":
         torch._dynamo.reset()
         patches.enter_context(mock.patch.object(sampler, "decoder_kind", lambda config, device: CompiledDecoder))
@@ -129,8 +134,7 @@ def lever_patches(lever: str) -> contextlib.ExitStack:
 
 def time_lever(model_dir: Path, config: BenchConfig, lever: str) -> dict:
     """The stacked step's median CPU-seconds under the lever, its set-up and warm-up CPU-seconds, its phases."""
-    # no on-disk compile cache: a lever compiled by an earlier run would otherwise look cheap to compile
-    with lever_patches(lever), inductor_config.patch(force_disable_caches=True):
+    with lever_patches(lever):
         start = time.process_time()
         seconds, phases = time_stacked(model_dir, config)
         total = time.process_time() - start
