@@ -251,7 +251,10 @@ def test_the_report_shows_the_benchmark_ratio_when_one_was_run_and_says_how_when
     text = report_with(bench)
     assert "Not measured" not in text, "a benchmark file in the folder must be reported"
     assert "| ours (stacked) | 60.3 |" in text and "| TRL GRPOTrainer (one arm at a time) | 36.2 |" in text
-    assert "**1.67x**" in text and "Some CPU (AVX2)" in text and "commit 0123456789ab" in text
+    assert "**1.67x**" in text and "Some CPU (AVX2)" in text and "commit 0123456789ab)" in text
+    bench["environment"]["dirty"] = True
+    assert "commit 0123456789ab with uncommitted changes)" in report_with(bench), \
+        "a benchmark taken on a tree that differed from its commit must say so"
     assert "Where the stacked step's time goes" not in text, "a benchmark without phase timings shows none"
     bench["stacked_phase_wall_seconds"] = {"generate": 0.405, "reward": 0.001, "reference": 0.131, "train": 0.458}
     text = report_with(bench)

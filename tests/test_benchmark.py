@@ -36,7 +36,8 @@ def test_benchmark_times_every_implementation_on_every_arm_and_writes_json(tmp_p
     written = json.loads(out.read_text())
     assert written["samples_per_cpu_second"] == report["samples_per_cpu_second"]
     assert written["config"]["steps"] == 1 and written["config"]["hidden"] == 16
-    assert {"torch", "transformers", "trl", "peft", "cpu", "torch_threads"} <= set(written["environment"])
+    assert {"torch", "transformers", "trl", "peft", "cpu", "torch_threads", "commit", "dirty"} <= set(
+        written["environment"]), "the benchmark must record what it ran on and the code it ran"
 
 
 def test_the_sampling_profile_splits_aten_time_into_products_attention_and_the_rest_without_counting_twice():

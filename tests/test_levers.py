@@ -62,15 +62,20 @@ def test_levers_are_checked_and_fp32_always_leads():
         check_levers(["fp16"])
 
 
-def test_levers_tool_times_each_lever_beside_fp32_and_writes_json(tmp_path):
+def test_levers_tool_times_each_lever_between_two_fp32_runs_and_writes_json(tmp_path):
     out = tmp_path / "levers.json"
     report = main(["--steps", "1", "--warmup", "1", "--max-new-tokens", "4", "--hidden", "16", "--layers", "1",
-                   "--ranks", "1,full", "--levers", "bf16+compile", "--out", str(out)])
-    assert list(report["levers"]) == ["fp32", "bf16+compile"]
-    for lever, timing in report["levers"].items():
-        assert timing["cpu_seconds_per_step"] > 0, f"{lever}: no step was timed"
+                   "--ranks", "1,full", "--levers", "bf16,bf16+compile", "--out", str(out)])
+    assert list(report["levers"]) == ["bf16", "bf16+compile"]
+    assert len(report["fp32_runs"]) == 3, "the plain step should be timed before the first lever and after each"
+    for name, timing in [("fp32", run) for run in report["fp32_runs"]] + list(report["levers"].items()):
+        assert timing["cpu_seconds_per_step"] > 0, f"{name}: no step was timed"
         assert list(timing["phase_wall_seconds"]) == ["generate", "reward", "reference", "train"]
-    assert report["speedup_over_fp32"]["fp32"] == 1.0
-    compiled, plain = (report["levers"][name]["setup_and_warmup_cpu_seconds"] for name in ("bf16+compile", "fp32"))
-    assert compiled > plain, "compiling the forward should cost the warm-up step CPU time the fp32 one does not spend"
+    plain = [run["cpu_seconds_per_step"] for run in report["fp32_runs"]]
+    assert report["speedup_over_fp32"]["bf16+compile"] == pytest.approx(
+        (plain[1] + plain[2]) / 2 / report["levers"]["bf16+compile"]["cpu_seconds_per_step"]), \
+        "a lever's speed-up should be over the mean of the two plain runs beside it"
+    compiled = report["levers"]["bf16+compile"]["setup_and_warmup_cpu_seconds"]
+    assert compiled > max(run["setup_and_warmup_cpu_seconds"] for run in report["fp32_runs"]), \
+        "compiling the forward should cost the warm-up step CPU time the fp32 one does not spend"
     assert json.loads(out.read_text())["speedup_over_fp32"] == report["speedup_over_fp32"]

@@ -22,7 +22,8 @@ def speed_markdown(out_dir: str | Path) -> str:
         f"{config['max_new_tokens']} new tokens, hidden {config['hidden']} x {config['layers']} layers, beta "
         f"{config['beta']:g}) for every arm, median of {config['steps']} steps after {config['warmup']} warm-up, "
         f"{env['torch_threads']} thread(s) on {env['cpu']} (torch {env['torch']}, transformers "
-        f"{env['transformers']}, trl {env['trl']}; commit {str(env.get('commit'))[:12]}).",
+        f"{env['transformers']}, trl {env['trl']}; commit {str(env.get('commit'))[:12]}"
+        f"{' with uncommitted changes' if env.get('dirty') else ''}).",
         "",
         "| implementation | samples / CPU-s |",
         "|---|---|",

@@ -4,9 +4,10 @@ None is in the study: each would change the bits behind every committed result (
 keeps the measurement that weighed them reproducible. bf16 and compile replace the stacked forward that scores
 completions (the training forward and the reference pass, grpo/stacked.py), leaving sampling as it is;
 compiled-decode replaces sampling's per-token step with a compiled one (CompiledDecoder), leaving scoring as it is.
-Every lever is timed in one run beside the plain fp32 step, on the benchmark's random Qwen3 and settings
-(tools/benchmark.py), one CPU thread, CPU-seconds, median over the timed steps after a warmup. Compiling
-shows as the set-up and warm-up CPU-seconds beyond the plain step's.
+Every lever is timed in one run between two runs of the plain fp32 step (fp32, lever, fp32, lever, ..., fp32), on
+the benchmark's random Qwen3 and settings (tools/benchmark.py), one CPU thread, CPU-seconds, median over the timed
+steps after a warmup; its speed-up is over the mean of the two plain runs beside it. Compiling shows as the set-up
+and warm-up CPU-seconds beyond the plain step's.
 
     python -m reward_density.tools.levers [--steps N] ... [--levers bf16,compile] [--out FILE.json]
 """
@@ -143,23 +144,35 @@ def time_lever(model_dir: Path, config: BenchConfig, lever: str) -> dict:
 
 
 def run_levers(config: BenchConfig, levers: Sequence[str], workdir: Path) -> dict:
-    """Time the plain stacked step and each lever on one stand-in; the report with each lever's speed-up."""
+    """Time the plain stacked step before the first lever and after each, on one stand-in; the report with each
+    lever's speed-up over the mean of the two plain runs beside it, so that a machine drifting during the run does
+    not bias the levers timed late."""
     levers = check_levers(levers)
     with one_thread():
         model = build_model(config, workdir)
-        timings = {lever: time_lever(model, config, lever) for lever in levers}
+        plain, timings = [time_lever(model, config, "fp32")], {}
+        for lever in levers[1:]:
+            timings[lever] = time_lever(model, config, lever)
+            plain.append(time_lever(model, config, "fp32"))
         env = environment()
-    plain = timings["fp32"]["cpu_seconds_per_step"]
-    return {"config": dataclasses.asdict(config), "environment": env, "levers": timings,
-            "speedup_over_fp32": {lever: plain / t["cpu_seconds_per_step"] for lever, t in timings.items()}}
+    beside = [statistics.mean(run["cpu_seconds_per_step"] for run in plain[i:i + 2]) for i in range(len(timings))]
+    return {"config": dataclasses.asdict(config), "environment": env, "fp32_runs": plain, "levers": timings,
+            "speedup_over_fp32": {lever: before_and_after / timing["cpu_seconds_per_step"]
+                                  for (lever, timing), before_and_after in zip(timings.items(), beside)}}
 
 
 def format_table(report: dict) -> str:
-    """Per lever: CPU-seconds per stacked step, its speed-up over fp32, set-up and warm-up, and the phases."""
-    lines = [f"{'lever':<14} {'CPU-s / step':>12} {'x fp32':>7} {'set-up + warm-up CPU-s':>23}  phases (wall-s)"]
-    for lever, timing in report["levers"].items():
-        lines.append(f"{lever:<14} {timing['cpu_seconds_per_step']:>12.3f} {report['speedup_over_fp32'][lever]:>7.2f} "
-                     f"{timing['setup_and_warmup_cpu_seconds']:>23.1f}  {phase_split(timing['phase_wall_seconds'])}")
+    """In the order timed, the plain runs between the levers: CPU-seconds per stacked step, each lever's speed-up
+    over the plain runs beside it, set-up and warm-up, and the phases."""
+    def row(name: str, timing: dict, speedup: str) -> str:
+        return (f"{name:<15} {timing['cpu_seconds_per_step']:>12.3f} {speedup:>7} "
+                f"{timing['setup_and_warmup_cpu_seconds']:>23.1f}  {phase_split(timing['phase_wall_seconds'])}")
+
+    plain = iter(report["fp32_runs"])
+    lines = [f"{'lever':<15} {'CPU-s / step':>12} {'x fp32':>7} {'set-up + warm-up CPU-s':>23}  phases (wall-s)",
+             row("fp32", next(plain), "")]
+    for (lever, timing), after in zip(report["levers"].items(), plain):
+        lines += [row(lever, timing, f"{report['speedup_over_fp32'][lever]:.2f}"), row("fp32", after, "")]
     return "\n".join(lines)
 
 
@@ -167,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     """Time the levers, print the table, write the JSON report when asked."""
     parser = bench_parser(__doc__.splitlines()[0])
     parser.add_argument("--levers", default=",".join(LEVERS[1:]),
-                        help=f"comma-separated, some of {', '.join(LEVERS)} (fp32 is always timed)")
+                        help=f"comma-separated, some of {', '.join(LEVERS)} (fp32 is timed before the first and after each)")
     config, args = parse_bench(parser, argv)
     try:
         levers = check_levers(args["levers"].split(","))

@@ -58,7 +58,8 @@ class StepTimer(TrainerCallback):
 
 
 def environment(device: str = "cpu") -> dict[str, Any]:
-    """Library versions, the GPU (if any), the CPU, threads and the git commit the numbers were taken with."""
+    """Library versions, the GPU (if any), the CPU, threads, and the git commit the numbers were taken with and whether
+    tracked files differed from it."""
     versions = package_versions()
     return {
         "torch": torch.__version__,
@@ -68,7 +69,7 @@ def environment(device: str = "cpu") -> dict[str, Any]:
         "cpu": cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count() or 0,
-        "commit": git_state(Path(__file__).parent)["commit"],
+        **git_state(Path(__file__).parent),
     }
 
 
