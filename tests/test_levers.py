@@ -1,5 +1,5 @@
-"""The levers tool applies each lever to the stacked step's scoring forward and times it beside fp32 (no speed
-threshold: it measures, it does not judge)."""
+"""The levers tool applies each lever to the stacked step (its scoring forward, or sampling's decoder) and times it
+between two runs of the plain fp32 step (no speed threshold: it measures, it does not judge)."""
 import json
 from unittest import mock
 

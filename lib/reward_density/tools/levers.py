@@ -155,10 +155,10 @@ def run_levers(config: BenchConfig, levers: Sequence[str], workdir: Path) -> dic
             timings[lever] = time_lever(model, config, lever)
             plain.append(time_lever(model, config, "fp32"))
         env = environment()
-    beside = [statistics.mean(run["cpu_seconds_per_step"] for run in plain[i:i + 2]) for i in range(len(timings))]
+    speedup = {lever: statistics.mean(run["cpu_seconds_per_step"] for run in plain[i:i + 2])
+               / timing["cpu_seconds_per_step"] for i, (lever, timing) in enumerate(timings.items())}
     return {"config": dataclasses.asdict(config), "environment": env, "fp32_runs": plain, "levers": timings,
-            "speedup_over_fp32": {lever: before_and_after / timing["cpu_seconds_per_step"]
-                                  for (lever, timing), before_and_after in zip(timings.items(), beside)}}
+            "speedup_over_fp32": speedup}
 
 
 def format_table(report: dict) -> str:
@@ -180,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     """Time the levers, print the table, write the JSON report when asked."""
     parser = bench_parser(__doc__.splitlines()[0])
     parser.add_argument("--levers", default=",".join(LEVERS[1:]),
-                        help=f"comma-separated, some of {', '.join(LEVERS)} (fp32 is timed before the first and after each)")
+                        help=f"comma-separated, some of {', '.join(LEVERS)} (fp32 is timed first and after each)")
     config, args = parse_bench(parser, argv)
     try:
         levers = check_levers(args["levers"].split(","))
