@@ -103,19 +103,25 @@ def decode_step(weights: qwen3.Qwen3Weights, tokens: torch.Tensor, positions: to
     return logits.reshape(rows, -1), torch.stack(new_keys), torch.stack(new_values)
 
 
-class CompiledDecoder(StaticDecoder):
-    """StaticDecoder with its step compiled, the cache written outside the graph: written inside it, the cache is
-    copied whole at every layer (functionalisation's price for a mutated input), which made sampling slower."""
+class FoldedDecoder(StaticDecoder):
+    """StaticDecoder with decode_step as its step, the cache written outside it: written inside a compiled step, the
+    cache is copied whole at every layer (functionalisation's price for a mutated input), which made sampling slower."""
 
-    step = staticmethod(torch.compile(decode_step, fullgraph=True))
+    step = staticmethod(decode_step)
 
-    def _run(self) -> torch.Tensor:
+    def _step(self) -> torch.Tensor:
         cache = self.cache  # filled by the prefill
         logits, keys, values = self.step(self.weights, self.tokens, self.positions, self.index, cache.key_mask,
                                          cache.keys, cache.values)
         cache.keys.index_copy_(3, self.index, keys)
         cache.values.index_copy_(3, self.index, values)
         return logits
+
+
+class CompiledDecoder(FoldedDecoder):
+    """FoldedDecoder with its step compiled by torch.compile."""
+
+    step = staticmethod(torch.compile(decode_step, fullgraph=True))
 
 
 def lever_patches(lever: str) -> contextlib.ExitStack:

@@ -330,10 +330,10 @@ def _profiled_decode(policy, world: World, step: StepConfig, sampling: SamplingC
         with profile(activities=activities) as profiler:
             sample_rollout(model, world.tokenizer, world.problems, step.group_size, sampling, config.seed)
             synchronize(config.device)
-    return timed | _per_token(profiler.key_averages()), rollout
+    return timed | profile_per_token(profiler.key_averages()), rollout
 
 
-def _per_token(events) -> dict[str, Any]:
+def profile_per_token(events) -> dict[str, Any]:
     """ATen calls, kernels and kernel ms per profiled token, and the kernels that took the most device time.
 
     Device time is summed over the device's own events only, as torch.profiler's table does: the ATen call that
