@@ -43,8 +43,7 @@ from ..grpo.sampler import SamplingConfig, _pick
 from .gpu_memory import PROMPT_TOKENS
 from .levers import FoldedDecoder, decode_step
 from .measurement import environment, on_cuda, quiet, synchronize
-from .paper_benchmark import (PROFILED_TOKENS, SCALES, _free, _write, profile_per_token, random_model,
-                              student_tokenizer)
+from .paper_benchmark import PROFILED_TOKENS, SCALES, _free, _write, profile_per_token, random_model, student_tokenizer
 
 FIXED_TOKENS = 12  # tokens fed back without a draw before the steps' logits are compared
 
