@@ -1,10 +1,10 @@
 """Decoding one token as a CUDA graph: the step's thousands of kernels recorded once and replayed per token.
 
 On a GPU the eager decoder (qwen3.Decoder) is bound by launches, not by arithmetic: for a 28-layer Qwen3 it makes
-about 6,000 ATen calls per token (on an H200), their small kernels each launched from Python. A graph replays them
-in one launch: 11-13 ms per token there instead of 38-131. It needs fixed shapes and addresses, so the step here
-attends over the whole preallocated cache, masked to the positions filled so far, and writes each token's keys and
-values at a position it reads from the device.
+about 6,000 ATen calls per token, their small kernels each launched from Python. A graph replays them in one
+launch: 6.5 ms per token on an H100 against 91 eager (tools/decode_breakdown.py). It needs fixed shapes and
+addresses, so the step here attends over the whole preallocated cache, masked to the positions filled so far, and
+writes each token's keys and values at a position it reads from the device.
 """
 from __future__ import annotations
 
