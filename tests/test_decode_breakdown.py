@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from reward_density.grpo.cuda_graph import StaticDecoder
 from reward_density.tools import decode_breakdown as db
 
 
@@ -31,7 +32,7 @@ def test_every_step_is_measured_without_graphs_on_a_cpu(report):
 def test_folded_and_compiled_steps_compute_the_study_steps_logits(report):
     # bf16 (the paper profile's precision): a few units in the last place of the largest logit.
     for name, result in report["steps"].items():
-        assert result["max_logit_difference"] <= 0.02 * report["logit_scale"], f"{name}'s logits differ"
+        assert result["max_logit_difference"] <= 0.02 * report["largest_reference_logit"], f"{name}'s logits differ"
 
 
 def test_the_setting_comes_from_the_paper_profile(report):
@@ -47,3 +48,19 @@ def test_bad_settings_are_refused_by_name(args, message, capsys):
     with pytest.raises(SystemExit):
         db.parse_args(args)
     assert message in capsys.readouterr().err
+
+
+def test_a_step_that_fails_is_recorded_and_the_others_are_still_measured(monkeypatch, tmp_path):
+    class Broken(StaticDecoder):
+        def extend(self, *args):
+            raise RuntimeError("this step cannot decode")
+
+    monkeypatch.setattr(db, "decode_steps", lambda config, cache, timed: {"broken": (Broken, cache),
+                                                                          "study": (StaticDecoder, cache)})
+    out = tmp_path / "decode.json"
+    config = db.BreakdownConfig(scale="tiny", device="cpu", tokens=12, warmup=2, prompt_tokens=4, compile_modes=())
+    report = db.run(config, out)
+    assert "this step cannot decode" in report["steps"]["broken"]["error"]
+    assert report["steps"]["study"]["sampler_ms"] > 0, "the step after a failed one was not measured"
+    assert json.loads(out.read_text())["steps"]["broken"]["error"], "the failure is not in the written report"
+    assert "broken" in db.format_table(report) and "failed" in db.format_table(report)
