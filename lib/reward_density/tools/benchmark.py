@@ -22,7 +22,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before any Hugging Face import: 
 import argparse
 import contextlib
 import dataclasses
-import json
 import random
 import statistics
 import tempfile
@@ -50,7 +49,7 @@ from ..grpo.rollout import Rollout
 from ..grpo.sampler import SamplingConfig, sample_rollout
 from ..grpo.stacked import StackedPolicy
 from ..grpo.step import StepConfig, grpo_step, stacked_grpo_step
-from .measurement import StepTimer, environment, median_seconds, parse_ranks
+from .measurement import StepTimer, environment, median_seconds, parse_ranks, write_report
 from .measurement import quiet as quiet_transformers
 from .stand_ins import build_qwen3, build_tokenizer
 
@@ -453,8 +452,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
           f"G={config.generations} T={config.max_new_tokens} hidden={config.hidden} layers={config.layers}, "
           f"arms {', '.join(arm_name(r) for r in config.ranks)}")
     print(format_table(report))
-    if out is not None:
-        out.write_text(json.dumps(report, indent=2))
+    write_report(report, out)
     return report
 
 

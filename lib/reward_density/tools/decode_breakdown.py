@@ -26,7 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before any Hugging Face import: 
 import argparse
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,18 +41,9 @@ from ..grpo.precision import autocast, frozen_dtype
 from ..grpo.qwen3 import Decoder, Qwen3Weights, weights_of
 from ..grpo.sampler import SamplingConfig, _pick
 from .gpu_memory import PROMPT_TOKENS
-from .levers import FoldedDecoder, decode_step
-from .measurement import environment, on_cuda, quiet, synchronize
-from .paper_benchmark import (
-    PROFILED_TOKENS,
-    SCALES,
-    _attempt,
-    _free,
-    _write,
-    profile_per_token,
-    random_model,
-    student_tokenizer,
-)
+from .levers import FoldedDecoder, compiled_decoder
+from .measurement import attempt, environment, free_memory, on_cuda, quiet, synchronize, write_report
+from .paper_benchmark import PROFILED_TOKENS, SCALES, profile_per_token, random_model, student_tokenizer
 
 FIXED_TOKENS = 12  # tokens fed back without a draw before the steps' logits are compared
 
@@ -80,12 +71,6 @@ class BreakdownConfig:
             raise ValueError(f"need prompt_tokens >= 1, got {self.prompt_tokens}")
 
 
-def compiled_folded(mode: str, base: type[Decoder]) -> type[Decoder]:
-    """base with the folded step compiled in this torch.compile mode ("default": torch.compile's own)."""
-    step = torch.compile(decode_step, fullgraph=True, mode=None if mode == "default" else mode)
-    return type(f"Compiled{base.__name__}", (base,), {"step": staticmethod(step)})
-
-
 def decode_steps(config: BreakdownConfig, cache: int, timed: int) -> dict[str, tuple[type[Decoder], int]]:
     """Each step's decoder class and cache length, by name; graphed on a GPU, eager elsewhere."""
     graphs = on_cuda(config.device)
@@ -94,7 +79,8 @@ def decode_steps(config: BreakdownConfig, cache: int, timed: int) -> dict[str, t
     steps = {"study (SDPA), whole cache": (study, cache), "study (SDPA), short cache": (study, timed),
              "folded, whole cache": (folded, cache)}
     for mode in config.compile_modes:
-        steps[f"folded compiled ({mode}), whole cache"] = (compiled_folded(mode, folded), cache)
+        compiled = compiled_decoder(folded, None if mode == "default" else mode)
+        steps[f"folded compiled ({mode}), whole cache"] = (compiled, cache)
     return steps
 
 
@@ -128,24 +114,13 @@ def timed_tokens(decoder: Decoder, prompt: torch.Tensor, sampling: SamplingConfi
     return ms, logits
 
 
-def replay_ms(decoder: GraphedDecoder, repeats: int) -> float:
-    """ms per replay of the decoder's graph, back to back."""
-    synchronize("cuda")
+def back_to_back_ms(work: Callable[[], object], device: str | torch.device, repeats: int) -> float:
+    """ms per call of work() called `repeats` times without waiting in between, the device synchronised around."""
+    synchronize(device)
     start = time.perf_counter()
     for _ in range(repeats):
-        decoder.graph.replay()
-    synchronize("cuda")
-    return 1e3 * (time.perf_counter() - start) / repeats
-
-
-def draw_ms(logits: torch.Tensor, sampling: SamplingConfig, repeats: int) -> float:
-    """ms per draw of sampler._pick on these logits."""
-    uniform = torch.rand(logits.shape[0], 1, device=logits.device)
-    synchronize(logits.device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        _pick(logits.float(), sampling, uniform)
-    synchronize(logits.device)
+        work()
+    synchronize(device)
     return 1e3 * (time.perf_counter() - start) / repeats
 
 
@@ -159,8 +134,9 @@ def take_apart(kind: type[Decoder], cache: int, weights: Qwen3Weights, prompt: t
     decoder = kind(weights, rows, cache)
     result["no_draw_ms"], _ = timed_tokens(decoder, prompt, sampling, config.tokens, config.warmup, draw=False)
     if isinstance(decoder, GraphedDecoder):
-        result["replay_ms"] = replay_ms(decoder, config.tokens)
-    result["draw_ms"] = draw_ms(logits, sampling, config.tokens)
+        result["replay_ms"] = back_to_back_ms(decoder.graph.replay, prompt.device, config.tokens)
+    uniform = torch.rand(rows, 1, device=prompt.device)
+    result["draw_ms"] = back_to_back_ms(lambda: _pick(logits.float(), sampling, uniform), prompt.device, config.tokens)
     _, fixed = timed_tokens(kind(weights, rows, cache), prompt, sampling, FIXED_TOKENS, 1, draw=False)
     return result, fixed.float()
 
@@ -201,7 +177,7 @@ def run(config: BreakdownConfig, out: Path | None = None) -> dict[str, Any]:
     with torch.no_grad(), autocast(config.device, cell.precision), inductor_config.patch(force_disable_caches=True):
         weights = weights_of(model)
         report["eager_profile"] = eager_profile(weights, prompt, sampling, config)
-        _write(report, out)
+        write_report(report, out)
         reference: list[torch.Tensor] = []  # the first step's logits, once measured
 
         def measured(kind: type[Decoder], length: int) -> dict[str, Any]:
@@ -211,9 +187,9 @@ def run(config: BreakdownConfig, out: Path | None = None) -> dict[str, Any]:
             return result | {"max_logit_difference": (logits - reference[0]).abs().max().item()}
 
         for name, (kind, length) in decode_steps(config, cache, config.prompt_tokens + config.tokens).items():
-            _free(config.device)
-            report["steps"][name] = _attempt(lambda: measured(kind, length))  # a failed step keeps the others
-            _write(report, out)
+            free_memory(config.device)
+            report["steps"][name] = attempt(lambda: measured(kind, length))  # a failed step keeps the others
+            write_report(report, out)
     return report
 
 

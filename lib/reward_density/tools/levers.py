@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import statistics
 import tempfile
 import time
@@ -32,7 +31,7 @@ from ..analysis.speed import phase_split
 from ..grpo import qwen3, sampler, stacked
 from ..grpo.cuda_graph import StaticDecoder
 from .benchmark import BenchConfig, bench_parser, build_model, one_thread, parse_bench, quiet, time_stacked
-from .measurement import environment
+from .measurement import environment, write_report
 
 LEVERS = ("fp32", "bf16", "compile", "bf16+compile", "compiled-decode")  # fp32: the study's own step, the baseline
 
@@ -118,10 +117,13 @@ class FoldedDecoder(StaticDecoder):
         return logits
 
 
-class CompiledDecoder(FoldedDecoder):
-    """FoldedDecoder with its step compiled by torch.compile."""
+def compiled_decoder(base: type[FoldedDecoder] = FoldedDecoder, mode: str | None = None) -> type[FoldedDecoder]:
+    """base with decode_step compiled by torch.compile in this mode (None: torch.compile's default)."""
+    step = torch.compile(decode_step, fullgraph=True, mode=mode)
+    return type(f"Compiled{base.__name__}", (base,), {"step": staticmethod(step)})
 
-    step = staticmethod(torch.compile(decode_step, fullgraph=True))
+
+CompiledDecoder = compiled_decoder()
 
 
 def lever_patches(lever: str) -> contextlib.ExitStack:
@@ -197,8 +199,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         report = run_levers(config, levers, Path(workdir))
     print(f"{report['environment']}\nstacked step, median of {config.steps} steps after {config.warmup} warmup")
     print(format_table(report))
-    if args["out"] is not None:
-        args["out"].write_text(json.dumps(report, indent=2))
+    write_report(report, args["out"])
     return report
 
 

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import os
 import statistics
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -88,3 +91,24 @@ def parse_ranks(text: str) -> tuple[int | None, ...]:
             raise argparse.ArgumentTypeError(f"each rank is a positive integer or 'full', got {item!r}")
         ranks.append(None if item == "full" else int(item))
     return tuple(ranks)
+
+
+def free_memory(device: str | torch.device) -> None:
+    """Drop unreferenced tensors and, on CUDA, return the cached blocks, so the next measurement starts clean."""
+    gc.collect()
+    if on_cuda(device):
+        torch.cuda.empty_cache()
+
+
+def attempt(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """work()'s result, or its error and traceback (a failed part must not cost the parts already measured)."""
+    try:
+        return work()
+    except Exception as error:  # any failure: the report says which part failed and how
+        return {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+
+
+def write_report(report: dict[str, Any], out: Path | None) -> None:
+    """The report as indented JSON at out, if given."""
+    if out is not None:
+        out.write_text(json.dumps(report, indent=2))

@@ -18,14 +18,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before any Hugging Face import: 
 
 import argparse
 import dataclasses
-import gc
-import json
 import random
 import statistics
 import tempfile
 import time
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +57,18 @@ from .gpu_memory import (
     DecoderShape,
     student_memory,
 )
-from .measurement import StepTimer, environment, median_seconds, on_cuda, parse_ranks, quiet, synchronize
+from .measurement import (
+    StepTimer,
+    attempt,
+    environment,
+    free_memory,
+    median_seconds,
+    on_cuda,
+    parse_ranks,
+    quiet,
+    synchronize,
+    write_report,
+)
 
 SCALES = {  # the models of each scale: the paper's, or tiny ones of the same architectures for a CPU
     "paper": {"student": QWEN3_1_7B, "teacher": QWEN3_8B, "prm": MATH_SHEPHERD_MISTRAL_7B},
@@ -245,12 +253,6 @@ def _allocated(device: str) -> int:
     return torch.cuda.memory_allocated(device) if on_cuda(device) else 0
 
 
-def _free(device: str) -> None:
-    gc.collect()
-    if on_cuda(device):
-        torch.cuda.empty_cache()
-
-
 def time_arm(world: World, cells: dict[str, CellConfig], config: PaperBenchConfig,
              probe: dict[str, float]) -> dict[str, Any]:
     """Each regime's step of one arm: its metrics' timings, the synchronised wall time, the peak memory, the floor."""
@@ -279,7 +281,7 @@ def time_arm(world: World, cells: dict[str, CellConfig], config: PaperBenchConfi
     estimate = student_memory(dataclasses.asdict(first), first.rank, world.shapes["student"])
     result["estimated_student_gib"] = estimate["peak (training step)"]
     del policy, optimizer, student
-    _free(config.device)
+    free_memory(config.device)
     return result
 
 
@@ -414,7 +416,7 @@ def time_trl(world: World, cell: CellConfig, config: PaperBenchConfig, workdir: 
     trainer.add_callback(timer)
     trainer.train()
     del trainer
-    _free(config.device)
+    free_memory(config.device)
     timed = timer.seconds[1:] if config.trl_steps else timer.seconds
     return {"wall_seconds": timed, "first_step_only": not config.trl_steps, "completion_lengths": sorted(set(lengths))}
 
@@ -464,31 +466,23 @@ def run(config: PaperBenchConfig, workdir: Path, out: Path | None = None) -> dic
     report: dict[str, Any] = {"config": dataclasses.asdict(config), "environment": environment(config.device),
                               "ours": {}, "trl": {}}
     report["probe"] = probe = probe_device(config.device, config.scale)
-    _write(report, out)
+    write_report(report, out)
     with AnswerChecker() as checker:
         world = build_world(config, cell_of(config.regimes[0], None), checker)
         report["scorer_gib"] = world.scorer_bytes / GIB
         for rank in dict.fromkeys([*config.ranks, *config.trl_ranks]):
             if rank in config.ranks:
-                report["ours"][arm_name(rank)] = _attempt(
+                report["ours"][arm_name(rank)] = attempt(
                     lambda: time_arm(world, {g: cell_of(g, rank) for g in config.regimes}, config, probe))
-                _write(report, out)
+                write_report(report, out)
             if rank in config.trl_ranks:
-                report["trl"][arm_name(rank)] = _attempt(lambda: time_trl(world, cell_of("outcome", rank), config,
+                report["trl"][arm_name(rank)] = attempt(lambda: time_trl(world, cell_of("outcome", rank), config,
                                                                           workdir))
-                _write(report, out)
+                write_report(report, out)
     report["ours_over_trl"] = speedups(report)
     report["projected_gpu_hours"] = projected_gpu_hours(report, config.profile)
-    _write(report, out)
+    write_report(report, out)
     return report
-
-
-def _attempt(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """work()'s result, or its error and traceback (a failed arm must not cost the arms already measured)."""
-    try:
-        return work()
-    except Exception as error:  # any failure: the report says which arm failed and how
-        return {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
 
 
 def speedups(report: dict[str, Any]) -> dict[str, float]:
@@ -500,11 +494,6 @@ def speedups(report: dict[str, Any]) -> dict[str, float]:
             continue
         ratios[arm] = statistics.median(trl_arm["wall_seconds"]) / ours["outcome"]["median"]["wall_seconds"]
     return ratios
-
-
-def _write(report: dict[str, Any], out: Path | None) -> None:
-    if out is not None:
-        out.write_text(json.dumps(report, indent=2))
 
 
 def format_table(report: dict[str, Any]) -> str:
