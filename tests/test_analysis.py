@@ -255,6 +255,9 @@ def test_the_report_shows_the_benchmark_ratio_when_one_was_run_and_says_how_when
     bench["environment"]["dirty"] = True
     assert "commit 0123456789ab with uncommitted changes)" in report_with(bench), \
         "a benchmark taken on a tree that differed from its commit must say so"
+    bench["environment"]["tree"] = "fedcba9876543210"
+    assert "commit 0123456789ab with uncommitted changes, files of git tree fedcba987654)" in report_with(bench), \
+        "a benchmark that recorded its files' tree must name it, so the commit holding them can be found"
     assert "Where the stacked step's time goes" not in text, "a benchmark without phase timings shows none"
     bench["stacked_phase_wall_seconds"] = {"generate": 0.405, "reward": 0.001, "reference": 0.131, "train": 0.458}
     text = report_with(bench)

@@ -36,7 +36,7 @@ def test_benchmark_times_every_implementation_on_every_arm_and_writes_json(tmp_p
     written = json.loads(out.read_text())
     assert written["samples_per_cpu_second"] == report["samples_per_cpu_second"]
     assert written["config"]["steps"] == 1 and written["config"]["hidden"] == 16
-    assert {"torch", "transformers", "trl", "peft", "cpu", "torch_threads", "commit", "dirty"} <= set(
+    assert {"torch", "transformers", "trl", "peft", "cpu", "torch_threads", "commit", "dirty", "tree"} <= set(
         written["environment"]), "the benchmark must record what it ran on and the code it ran"
 
 

@@ -12,7 +12,14 @@ from reward_density.grpo import stacked as stacked_engine
 from reward_density.grpo.policy import PolicyConfig
 from reward_density.grpo.sampler import SamplingConfig, sample_rollout
 from reward_density.grpo.stacked import StackedPolicy
-from reward_density.tools.levers import CompiledDecoder, check_levers, lever_forward, lever_patches, main
+from reward_density.tools.levers import (
+    CompiledDecoder,
+    CompiledGraphedDecoder,
+    check_levers,
+    lever_forward,
+    lever_patches,
+    main,
+)
 from reward_density.tools.stand_ins import build_qwen3
 
 PROBLEMS = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\n", "41")]
@@ -50,6 +57,9 @@ def test_compiled_decode_lever_draws_the_study_decoders_tokens(tiny_tokenizer):
     plain = rollout()
     with lever_patches("compiled-decode"):
         assert sampler.decoder_kind(SamplingConfig(6), torch.device("cpu")) is CompiledDecoder
+        # Where the study would replay its step as a CUDA graph, the compiled step is replayed as one too.
+        assert sampler.decoder_kind(SamplingConfig(6), torch.device("cuda")) is CompiledGraphedDecoder
+        assert sampler.decoder_kind(SamplingConfig(6, cuda_graphs=False), torch.device("cuda")) is CompiledDecoder
         compiled = rollout()
     assert torch.equal(compiled.completion_ids, plain.completion_ids), "the compiled decode drew other tokens"
     torch.testing.assert_close(compiled.sampler_logps, plain.sampler_logps,

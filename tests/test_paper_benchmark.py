@@ -34,6 +34,7 @@ def test_every_arm_and_regime_is_timed_by_phase_beside_its_floor(reports):
         assert result["trained_parameters"] > 0 and result["estimated_student_gib"] > 0
         # The paper profile checkpoints activations; that must not send sampling to the transformers forward.
         assert result["sampling_decoder"] == "ours (qwen3.py)"
+        assert result["graphs_compiled"] == {"warmup": 0, "timed_steps": 0}, "the study's decoder compiles nothing"
         profiled = result["decode_profile"]
         assert profiled["eager"]["aten_calls_per_token"] > 0 and profiled["eager"]["wall_ms_per_token"] > 0
         no_kernels = {"kernels_per_token": 0, "device_kernel_ms_per_token": 0, "top_kernels": []}
@@ -59,7 +60,7 @@ def test_every_completion_runs_to_the_cap_ours_and_trls(reports):
 def test_the_report_is_written_as_json_with_its_environment_and_projected_cost(reports):
     report, written = reports
     assert written["ours"].keys() == report["ours"].keys() and written["config"]["scale"] == "tiny"
-    assert {"torch", "transformers", "peft", "gpu", "cpu", "commit"} <= set(written["environment"])
+    assert {"torch", "transformers", "peft", "gpu", "cpu", "commit", "tree"} <= set(written["environment"])
     assert written["probe"]["bandwidth_bytes_per_s"] > 0 and written["probe"]["matmul_flops_per_s"] > 0
     hours = written["projected_gpu_hours"]
     assert set(hours) == {*pb.REGIMES, "total"} and hours["total"] == pytest.approx(sum(hours[r] for r in pb.REGIMES))
@@ -105,8 +106,24 @@ def test_a_failing_arm_records_its_error_and_the_others_still_run(monkeypatch, t
     assert json.loads(out.read_text())["ours"]["LoRA r=1"]["error"].startswith("RuntimeError")
 
 
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")  # compiled without the on-disk cache
+def test_the_compiled_decode_step_is_compiled_in_the_warmup_and_never_in_the_timed_steps():
+    """The planned GPU check of levers' compiled decode in the paper step (README, Speed): the warmup's two caps make
+    torch.compile see the cache's length change, so the timed steps, at a third cap, compile nothing."""
+    report = pb.main(["--scale", "tiny", "--device", "cpu", "--max-new-tokens", "4", "--prompt-tokens", "4",
+                      "--ranks", "1", "--trl-ranks", "", "--regimes", "outcome", "--decoder", "compiled"])
+    result = report["ours"]["LoRA r=1"]
+    assert "error" not in result, f"the compiled decoder failed: {result.get('traceback')}"
+    assert result["sampling_decoder"] == "ours (qwen3.py), levers' folded step compiled"
+    assert result["graphs_compiled"]["warmup"] >= 1, "the compiled step was not compiled: is it in place?"
+    assert result["graphs_compiled"]["timed_steps"] == 0, "a compile inside the timed steps would count in their times"
+    assert result["decode_profile"]["same_tokens"] == 1, "one seed, one compiled decoder: the same tokens"
+    assert "0 in the timed steps" in pb.format_table(report)
+
+
 @pytest.mark.parametrize("settings, message", [({"scale": "huge"}, "unknown scale"),
                                                ({"regimes": ("dense",)}, "unknown regimes"),
+                                               ({"decoder": "fused"}, "unknown decoder 'fused'"),
                                                ({"steps": 0}, "need steps >= 1")])
 def test_bad_settings_are_refused_with_a_message_naming_them(settings, message):
     with pytest.raises(ValueError, match=message):

@@ -1,10 +1,11 @@
-"""What produced a result: git commit and dirty flag, package versions, device, wall time."""
+"""What produced a result: git commit, dirty flag and working tree, package versions, device, wall time."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 import platform
+import shutil
 import subprocess
 import tempfile
 from importlib import metadata
@@ -17,15 +18,39 @@ PACKAGES = ("torch", "transformers", "peft", "trl", "math-verify", "tokenizers",
             "pandas")
 
 
+def _git(cwd: Path | str | None, *args: str, env: dict[str, str] | None = None) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
 def git_state(cwd: Path | None = None) -> dict[str, Any]:
     """The commit checked out and whether tracked files differ from it (None outside a git checkout)."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
-
     try:
-        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+        return {"commit": _git(cwd, "rev-parse", "HEAD"),
+                "dirty": bool(_git(cwd, "status", "--porcelain", "--untracked-files=no"))}
     except (OSError, subprocess.CalledProcessError):
         return {"commit": None, "dirty": None}
+
+
+def working_tree(cwd: Path | None = None) -> str | None:
+    """The git tree id of the checkout's files as they stand, tracked or not (ignored ones left out); None outside a
+    git checkout.
+
+    It names the code even where .git lags the files (a copy of the working tree that carries an older .git, as the
+    device machines get): a commit whose tree it is, `git log --format='%H %T'`, holds exactly these files. Like `git
+    stash`, it writes changed files into the object store; the checkout's own index is left alone.
+    """
+    try:
+        root = _git(cwd, "rev-parse", "--show-toplevel")
+        index = Path(_git(cwd, "rev-parse", "--absolute-git-dir")) / "index"
+        with tempfile.TemporaryDirectory() as scratch:
+            copy = Path(scratch) / "index"
+            if index.exists():
+                shutil.copyfile(index, copy)  # its file stamps spare hashing the files that did not change
+            env = {**os.environ, "GIT_INDEX_FILE": str(copy)}
+            _git(root, "add", "--all", env=env)
+            return _git(root, "write-tree", env=env)
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def package_versions() -> dict[str, str | None]:

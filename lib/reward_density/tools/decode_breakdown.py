@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch._inductor import config as inductor_config
 from torch.profiler import ProfilerActivity, profile
 
 from ..experiment.profiles import cell_config, find_profile, load_profile
@@ -41,7 +40,7 @@ from ..grpo.precision import autocast, frozen_dtype
 from ..grpo.qwen3 import Decoder, Qwen3Weights, weights_of
 from ..grpo.sampler import SamplingConfig, _pick
 from .gpu_memory import PROMPT_TOKENS
-from .levers import FoldedDecoder, compiled_decoder
+from .levers import FoldedDecoder, GraphedFoldedDecoder, compiled_decoder, uncached_compiles
 from .measurement import attempt, environment, free_memory, on_cuda, quiet, synchronize, write_report
 from .paper_benchmark import PROFILED_TOKENS, SCALES, profile_per_token, random_model, student_tokenizer
 
@@ -75,7 +74,7 @@ def decode_steps(config: BreakdownConfig, cache: int, timed: int) -> dict[str, t
     """Each step's decoder class and cache length, by name; graphed on a GPU, eager elsewhere."""
     graphs = on_cuda(config.device)
     study = GraphedDecoder if graphs else StaticDecoder
-    folded = type("GraphedFolded", (FoldedDecoder, GraphedDecoder), {}) if graphs else FoldedDecoder
+    folded = GraphedFoldedDecoder if graphs else FoldedDecoder
     steps = {"study (SDPA), whole cache": (study, cache), "study (SDPA), short cache": (study, timed),
              "folded, whole cache": (folded, cache)}
     for mode in config.compile_modes:
@@ -173,8 +172,7 @@ def run(config: BreakdownConfig, out: Path | None = None) -> dict[str, Any]:
                     "whole_cache_bytes": 2 * shape.layers * rows * shape.kv_heads * cache * shape.head_dim
                     * torch.finfo(frozen_dtype(cell.precision)).bits // 8},
         "steps": {}}
-    # No on-disk compile cache: it is not keyed to the kernels ATen was told to use (tools/levers.py).
-    with torch.no_grad(), autocast(config.device, cell.precision), inductor_config.patch(force_disable_caches=True):
+    with torch.no_grad(), autocast(config.device, cell.precision), uncached_compiles():
         weights = weights_of(model)
         report["eager_profile"] = eager_profile(weights, prompt, sampling, config)
         write_report(report, out)

@@ -29,7 +29,7 @@ from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
 from ..analysis.speed import phase_split
 from ..grpo import qwen3, sampler, stacked
-from ..grpo.cuda_graph import StaticDecoder
+from ..grpo.cuda_graph import GraphedDecoder, StaticDecoder
 from .benchmark import BenchConfig, bench_parser, build_model, one_thread, parse_bench, quiet, time_stacked
 from .measurement import environment, write_report
 
@@ -117,6 +117,10 @@ class FoldedDecoder(StaticDecoder):
         return logits
 
 
+class GraphedFoldedDecoder(FoldedDecoder, GraphedDecoder):
+    """FoldedDecoder's step recorded as a CUDA graph, as GraphedDecoder records StaticDecoder's."""
+
+
 def compiled_decoder(base: type[FoldedDecoder] = FoldedDecoder, mode: str | None = None) -> type[FoldedDecoder]:
     """base with decode_step compiled by torch.compile in this mode (None: torch.compile's default)."""
     step = torch.compile(decode_step, fullgraph=True, mode=mode)
@@ -124,20 +128,41 @@ def compiled_decoder(base: type[FoldedDecoder] = FoldedDecoder, mode: str | None
 
 
 CompiledDecoder = compiled_decoder()
+CompiledGraphedDecoder = compiled_decoder(GraphedFoldedDecoder)
 
 
-def lever_patches(lever: str) -> contextlib.ExitStack:
-    """The patches that put the lever in place: the scoring forward, or sampling's decoder; no on-disk compile cache."""
+def uncached_compiles() -> contextlib.AbstractContextManager:
+    """torch.compile without its on-disk cache, for as long as the context lasts.
+
+    A step compiled by an earlier run would look cheap to compile. And the cache is not keyed to the kernels ATen was
+    told to use (ATEN_CPU_CAPABILITY, pinned by ./run_all.sh test): code generated for AVX-512 reloaded under the
+    AVX2 pin reads and writes past its buffers (a segfault, torch 2.13).
+    """
+    return inductor_config.patch(force_disable_caches=True)
+
+
+def compiled_sampling() -> contextlib.ExitStack:
+    """Sampling with the compiled decode step in place of the study's (graphed where the study's would be), compiled
+    from scratch: its compile counts as set-up of the run that uses it."""
+    study_kind = sampler.decoder_kind
+
+    def kind(config: sampler.SamplingConfig, device: torch.device) -> type[FoldedDecoder]:
+        return CompiledGraphedDecoder if study_kind(config, device) is GraphedDecoder else CompiledDecoder
+
     patches = contextlib.ExitStack()
-    # A lever compiled by an earlier run would look cheap to compile. And the cache is not keyed to the kernels ATen
-    # was told to use (ATEN_CPU_CAPABILITY, pinned by ./run_all.sh test): code generated for AVX-512 reloaded under
-    # the AVX2 pin reads and writes past its buffers (a segfault, torch 2.13).
-    patches.enter_context(inductor_config.patch(force_disable_caches=True))
+    patches.enter_context(uncached_compiles())
+    torch._dynamo.reset()
+    patches.enter_context(mock.patch.object(sampler, "decoder_kind", kind))
+    return patches
+
+
+def lever_patches(lever: str) -> contextlib.AbstractContextManager:
+    """The patches that put the lever in place: the scoring forward, or sampling's decoder; no on-disk compile cache."""
     if lever == "compiled-decode":
-        torch._dynamo.reset()
-        patches.enter_context(mock.patch.object(sampler, "decoder_kind", lambda config, device: CompiledDecoder))
-    else:
-        patches.enter_context(mock.patch.object(stacked, "forward", lever_forward(lever)))
+        return compiled_sampling()
+    patches = contextlib.ExitStack()
+    patches.enter_context(uncached_compiles())
+    patches.enter_context(mock.patch.object(stacked, "forward", lever_forward(lever)))
     return patches
 
 

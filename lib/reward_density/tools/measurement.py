@@ -17,7 +17,7 @@ import torch
 import transformers
 from transformers import TrainerCallback
 
-from ..experiment.provenance import cpu_model, git_state, package_versions
+from ..experiment.provenance import cpu_model, git_state, package_versions, working_tree
 
 
 def on_cuda(device: str | torch.device) -> bool:
@@ -61,8 +61,8 @@ class StepTimer(TrainerCallback):
 
 
 def environment(device: str = "cpu") -> dict[str, Any]:
-    """Library versions, the GPU (if any), the CPU, threads, and the git commit the numbers were taken with and whether
-    tracked files differed from it."""
+    """Library versions, the GPU (if any), the CPU, threads, the git commit the numbers were taken with, whether
+    tracked files differed from it, and the tree of the files as they stood (provenance.working_tree)."""
     versions = package_versions()
     return {
         "torch": torch.__version__,
@@ -73,6 +73,7 @@ def environment(device: str = "cpu") -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count() or 0,
         **git_state(Path(__file__).parent),
+        "tree": working_tree(Path(__file__).parent),
     }
 
 

@@ -9,6 +9,7 @@ Everything sits on one device (the paper's profile puts the teacher and the PRM 
 
     python -m reward_density.tools.paper_benchmark --out paper_bench.json        # on a GPU
     python -m reward_density.tools.paper_benchmark --scale tiny --device cpu      # the check CI runs
+    python -m reward_density.tools.paper_benchmark --decoder compiled ...         # levers' compiled decode step
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before any Hugging Face import: everything here is local
 
 import argparse
+import contextlib
 import dataclasses
 import random
 import statistics
@@ -40,11 +42,12 @@ from ..data.problems import Problem
 from ..experiment.cell import make_optimizer, make_policy, step_config
 from ..experiment.config import CellConfig
 from ..experiment.profiles import cell_config, find_profile, load_profile
+from ..grpo import sampler
 from ..grpo.cuda_graph import GraphedDecoder
 from ..grpo.precision import autocast, frozen_dtype
 from ..grpo.qwen3 import supports
 from ..grpo.rollout import Rollout
-from ..grpo.sampler import SamplingConfig, decoder_kind, sample_rollout
+from ..grpo.sampler import SamplingConfig, sample_rollout
 from ..grpo.step import StepConfig, grpo_step
 from ..rewards import REGIMES, build_reward
 from .gpu_memory import (
@@ -57,6 +60,7 @@ from .gpu_memory import (
     DecoderShape,
     student_memory,
 )
+from .levers import FoldedDecoder, compiled_sampling
 from .measurement import (
     StepTimer,
     attempt,
@@ -81,9 +85,13 @@ STEP_EVERY = 100  # every 100th student token ends a line: about 15 reasoning st
 PAD, UNK, EOS = "<pad>", "<unk>", "<eos>"
 PRM_WORDS = (UNK, PAD, EOS, "ки", "+", "-")  # Math-Shepherd's step tag and its good / bad tokens
 MAX_POSITIONS = 4096
-WARMUP_TOKENS = 32  # the warmup steps' completion cap: kernels and optimizer state, not the timed shapes
+# The warmup steps' completion caps: kernels and optimizer state, not the timed shapes. Two caps, so that a compiled
+# decode step has seen its cache's length change (torch.compile then recompiles once, for any length) before the
+# timed steps, whose cap is another.
+WARMUP_TOKENS = (32, 16)
 PROFILED_TOKENS = 32  # tokens sampled under torch.profiler, to see whether a decoded token waits on launches
 TOP_KERNELS = 12  # the kernels with the most device time, by name, in the decode profile
+DECODERS = ("study", "compiled")  # sampling's decode step: the study's, or levers' folded step compiled (not adopted)
 
 
 @dataclass(frozen=True)
@@ -101,10 +109,13 @@ class PaperBenchConfig:
     prompt_tokens: int = PROMPT_TOKENS
     profile: str = "paper"
     seed: int = 0
+    decoder: str = "study"  # one of DECODERS
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
             raise ValueError(f"unknown scale {self.scale!r}; expected one of {sorted(SCALES)}")
+        if self.decoder not in DECODERS:
+            raise ValueError(f"unknown decoder {self.decoder!r}; expected one of {DECODERS}")
         unknown = [r for r in self.regimes if r not in REGIMES]
         if unknown:
             raise ValueError(f"unknown regimes {unknown}; expected some of {REGIMES}")
@@ -256,6 +267,13 @@ def _allocated(device: str) -> int:
 def time_arm(world: World, cells: dict[str, CellConfig], config: PaperBenchConfig,
              probe: dict[str, float]) -> dict[str, Any]:
     """Each regime's step of one arm: its metrics' timings, the synchronised wall time, the peak memory, the floor."""
+    with compiled_sampling() if config.decoder == "compiled" else contextlib.nullcontext():
+        return _time_arm(world, cells, config, probe)
+
+
+def _time_arm(world: World, cells: dict[str, CellConfig], config: PaperBenchConfig,
+              probe: dict[str, float]) -> dict[str, Any]:
+    before = _graphs_compiled()
     first = cells[config.regimes[0]]
     dtype = torch.float32 if first.rank is None else frozen_dtype(first.precision)
     student = random_model(world.shapes["student"], world.tokenizer, config.device, dtype, config.seed)
@@ -263,10 +281,13 @@ def time_arm(world: World, cells: dict[str, CellConfig], config: PaperBenchConfi
     optimizer = make_optimizer([first], policy)
     settings = {regime: step_config(cell) for regime, cell in cells.items()}
     for regime, step in settings.items():  # warmup: kernels, the reward models' first calls, AdamW's state
-        warmup = dataclasses.replace(step, sampling=dataclasses.replace(step.sampling, max_new_tokens=WARMUP_TOKENS))
-        grpo_step(policy, world.tokenizer, optimizer, world.problems, world.rewards[regime], warmup, seed=config.seed)
+        for cap in WARMUP_TOKENS:
+            warmup = dataclasses.replace(step, sampling=dataclasses.replace(step.sampling, max_new_tokens=cap))
+            grpo_step(policy, world.tokenizer, optimizer, world.problems, world.rewards[regime], warmup,
+                      seed=config.seed)
     result: dict[str, Any] = {"trained_parameters": sum(p.numel() for p in policy.trainable_parameters()),
                               "sampling_decoder": _sampling_decoder(policy, settings[config.regimes[0]], config)}
+    after_warmup = _graphs_compiled()
     for regime, step in settings.items():
         rows = [_timed_step(policy, optimizer, world, regime, step, config, seed=config.seed + 1 + i)
                 for i in range(config.steps)]
@@ -276,6 +297,8 @@ def time_arm(world: World, cells: dict[str, CellConfig], config: PaperBenchConfi
                        if isinstance(rows[0][key], (int, float))},
             "floor_seconds": floor_seconds(world.shapes, cells[regime], config.prompt_tokens, probe),
         }
+    # A graph compiled during the timed steps puts its compiling into their times.
+    result["graphs_compiled"] = {"warmup": after_warmup - before, "timed_steps": _graphs_compiled() - after_warmup}
     # Profiled last, so that nothing the profiler leaves behind touches the timed steps.
     result["decode_profile"] = profile_decode(policy, world, settings[config.regimes[0]], config)
     estimate = student_memory(dataclasses.asdict(first), first.rank, world.shapes["student"])
@@ -289,8 +312,14 @@ def _sampling_decoder(policy, step: StepConfig, config: PaperBenchConfig) -> str
     """Which decoder the timed steps sample with."""
     if not supports(policy.model):
         return "transformers"
-    graphed = decoder_kind(step.sampling, torch.device(config.device)) is GraphedDecoder
-    return "ours (qwen3.py), CUDA graphs" if graphed else "ours (qwen3.py)"
+    kind = sampler.decoder_kind(step.sampling, torch.device(config.device))
+    name = "ours (qwen3.py)" + (", levers' folded step compiled" if issubclass(kind, FoldedDecoder) else "")
+    return name + (", CUDA graphs" if issubclass(kind, GraphedDecoder) else "")
+
+
+def _graphs_compiled() -> int:
+    """How many graphs torch.compile has compiled in this process (since its counters were last cleared)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def profile_decode(policy, world: World, step: StepConfig, config: PaperBenchConfig) -> dict[str, Any]:
@@ -516,6 +545,10 @@ def format_table(report: dict[str, Any]) -> str:
                          f"{floor:>7.2f} {m['wall_seconds'] / floor:>7.1f} "
                          f"{'-' if peak is None else f'{peak:.1f}':>8} {result['estimated_student_gib']:>7.1f}")
     for arm, result in report["ours"].items():
+        if "error" not in result:
+            compiled = result["graphs_compiled"]
+            lines.append(f"{arm} samples with {result['sampling_decoder']}; graphs torch.compile compiled: "
+                         f"{compiled['warmup']} in the warmup, {compiled['timed_steps']} in the timed steps")
         lines += _decode_lines(arm, result.get("decode_profile", {}))
     for arm, result in report["trl"].items():
         shown = result["error"][:200] if "error" in result else \
@@ -562,6 +595,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[PaperBenchConfig, Pat
                             help="comma-separated LoRA ranks, 'full' for FullFT; empty for none")
     parser.add_argument("--regimes", default=",".join(defaults.regimes))
     parser.add_argument("--profile", default=defaults.profile)
+    parser.add_argument("--decoder", default=defaults.decoder, choices=DECODERS,
+                        help="sampling's decode step: the study's, or levers' folded step compiled (not adopted)")
     parser.add_argument("--out", type=Path, default=None, help="write the report to this JSON file")
     args = vars(parser.parse_args(argv))
     out = args.pop("out")

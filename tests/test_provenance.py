@@ -1,0 +1,46 @@
+"""A run names the code it ran: the commit and dirty flag, and the tree of the files as they stood, which matches the
+commit holding exactly those files even when the checkout's .git lags them (the device machines' copies)."""
+import subprocess
+
+from reward_density.experiment.provenance import git_state, working_tree
+
+
+def git(repo, *args: str) -> str:
+    command = ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", *args]
+    return subprocess.run(command, cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def a_repository(tmp_path):
+    """A repository of one commit: a tracked file and a .gitignore that ignores *.log."""
+    git(tmp_path, "init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / ".gitignore").write_text("*.log\n")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "commit", "-q", "-m", "first")
+    return tmp_path
+
+
+def test_a_clean_checkouts_tree_is_its_commits_tree(tmp_path):
+    repo = a_repository(tmp_path)
+    assert git_state(repo) == {"commit": git(repo, "rev-parse", "HEAD"), "dirty": False}
+    assert working_tree(repo) == git(repo, "rev-parse", "HEAD^{tree}")
+
+
+def test_files_ahead_of_the_commit_are_named_by_the_commit_that_later_holds_them(tmp_path):
+    repo = a_repository(tmp_path)
+    (repo / "code.py").write_text("x = 2\n")
+    (repo / "new.py").write_text("y = 1\n")  # untracked, as new files are in a copy whose .git is older
+    (repo / "run.log").write_text("ignored\n")
+    status = git(repo, "status", "--porcelain")
+    recorded = working_tree(repo)
+    assert git_state(repo)["dirty"] is True
+    assert recorded != git(repo, "rev-parse", "HEAD^{tree}"), "the tree must see the edited and the new file"
+    assert git(repo, "status", "--porcelain") == status, "recording the tree must not stage anything"
+    git(repo, "add", "code.py", "new.py")
+    git(repo, "commit", "-q", "-m", "second")
+    assert git(repo, "rev-parse", "HEAD^{tree}") == recorded, "the commit holding those files must have the tree"
+
+
+def test_outside_a_checkout_there_is_no_commit_and_no_tree(tmp_path):
+    assert git_state(tmp_path) == {"commit": None, "dirty": None}
+    assert working_tree(tmp_path) is None
