@@ -23,7 +23,7 @@ def speed_markdown(out_dir: str | Path) -> str:
         f"{config['beta']:g}) for every arm, median of {config['steps']} steps after {config['warmup']} warm-up, "
         f"{env['torch_threads']} thread(s) on {env['cpu']} (torch {env['torch']}, transformers "
         f"{env['transformers']}, trl {env['trl']}; commit {str(env.get('commit'))[:12]}"
-        f"{_uncommitted(env) if env.get('dirty') else ''}).",
+        f"{_uncommitted(env)}).",
         "",
         "| implementation | samples / CPU-s |",
         "|---|---|",
@@ -45,7 +45,10 @@ def speed_markdown(out_dir: str | Path) -> str:
 
 
 def _uncommitted(env: dict[str, Any]) -> str:
-    """' with uncommitted changes', and the tree of the files it ran where recorded (provenance.working_tree)."""
+    """' with uncommitted changes' and the tree of the files it ran (provenance.working_tree) where the tree differed
+    from its commit; else ''."""
+    if not env.get("dirty"):
+        return ""
     tree = env.get("tree")
     return " with uncommitted changes" + (f", files of git tree {tree[:12]}" if tree else "")
 
