@@ -20,6 +20,11 @@ def a_repository(tmp_path):
     return tmp_path
 
 
+def stored_objects(repo) -> set[str]:
+    """Every file of the repository's object store (loose objects and packs)."""
+    return {str(path.relative_to(repo)) for path in (repo / ".git" / "objects").rglob("*") if path.is_file()}
+
+
 def test_a_clean_checkouts_tree_is_its_commits_tree(tmp_path):
     repo = a_repository(tmp_path)
     assert git_state(repo) == {"commit": git(repo, "rev-parse", "HEAD"), "dirty": False}
@@ -31,11 +36,12 @@ def test_files_ahead_of_the_commit_are_named_by_the_commit_that_later_holds_them
     (repo / "code.py").write_text("x = 2\n")
     (repo / "new.py").write_text("y = 1\n")  # untracked, as new files are in a copy whose .git is older
     (repo / "run.log").write_text("ignored\n")
-    status = git(repo, "status", "--porcelain")
+    status, objects = git(repo, "status", "--porcelain"), stored_objects(repo)
     recorded = working_tree(repo)
     assert git_state(repo)["dirty"] is True
     assert recorded != git(repo, "rev-parse", "HEAD^{tree}"), "the tree must see the edited and the new file"
     assert git(repo, "status", "--porcelain") == status, "recording the tree must not stage anything"
+    assert stored_objects(repo) == objects, "recording the tree must not write into the checkout's object store"
     git(repo, "add", "code.py", "new.py")
     git(repo, "commit", "-q", "-m", "second")
     assert git(repo, "rev-parse", "HEAD^{tree}") == recorded, "the commit holding those files must have the tree"

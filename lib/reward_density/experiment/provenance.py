@@ -36,17 +36,21 @@ def working_tree(cwd: Path | None = None) -> str | None:
     git checkout.
 
     It names the code even where .git lags the files (a copy of the working tree that carries an older .git, as the
-    device machines get): a commit whose tree it is, `git log --format='%H %T'`, holds exactly these files. Like `git
-    stash`, it writes changed files into the object store; the checkout's own index is left alone.
+    device machines get): a commit whose tree it is, `git log --format='%H %T'`, holds exactly these files. The
+    checkout is left as it was: its index and its object store untouched.
     """
     try:
         root = _git(cwd, "rev-parse", "--show-toplevel")
-        index = Path(_git(cwd, "rev-parse", "--absolute-git-dir")) / "index"
+        objects, index = map(Path, _git(cwd, "rev-parse", "--path-format=absolute", "--git-path", "objects",
+                                        "--git-path", "index").splitlines())
         with tempfile.TemporaryDirectory() as scratch:
-            copy = Path(scratch) / "index"
+            copy, scratch_objects = Path(scratch) / "index", Path(scratch) / "objects"
             if index.exists():
                 shutil.copyfile(index, copy)  # its file stamps spare hashing the files that did not change
-            env = {**os.environ, "GIT_INDEX_FILE": str(copy)}
+            # New blobs and trees go to a scratch object store that reads the checkout's own as an alternate.
+            scratch_objects.mkdir()
+            env = {**os.environ, "GIT_INDEX_FILE": str(copy), "GIT_OBJECT_DIRECTORY": str(scratch_objects),
+                   "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(objects)}
             _git(root, "add", "--all", env=env)
             return _git(root, "write-tree", env=env)
     except (OSError, subprocess.CalledProcessError):
