@@ -200,6 +200,26 @@ def test_cli_bad_profile_exits_2_before_any_work(root, capsys):
 def test_cli_missing_stage_notebook(root, capsys):
     assert main(["--profile", "tiny", "--root", str(root), "--stages", "world"]) == 1
     assert "notebooks/build_world.py does not exist" in capsys.readouterr().err
+    assert list(run_records(root)[-1]["stages"]) == ["world"], "a stage that fails is timed and recorded too"
+
+
+def run_records(root: Path) -> list[dict]:
+    """The tiny profile's stage-time records, one per run."""
+    return [json.loads(line) for line in (root / "outputs" / "tiny" / "runs.jsonl").read_text().splitlines()]
+
+
+def test_each_run_appends_its_stage_times_with_the_machine_and_the_code(root, capsys):
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells,analysis", "--jobs", "2"]) == 0
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells"]) == 0
+    first, second = run_records(root)
+    assert list(first["stages"]) == ["cells", "analysis"], "the stages run, in order"
+    assert first["cells"] == {"finished": 4, "skipped": 0, "failed": 0} and first["jobs"] == 2
+    assert second["cells"] == {"finished": 0, "skipped": 4, "failed": 0}, "the rerun skipped every cell"
+    cells = first["stages"]["cells"]
+    assert cells["cpu_seconds"] > 1.0, f"four cell processes' CPU time must be counted: {cells}"
+    assert first["wall_seconds"] >= cells["wall_seconds"] + first["stages"]["analysis"]["wall_seconds"] - 0.2  # rounding
+    assert first["git"]["commit"] and first["device"] and first["versions"]["torch"], "the code and machine"
+    assert "cells: " in capsys.readouterr().err.split("min wall")[0], "each stage prints its time as it ends"
 
 
 def test_cli_analysis_stage(root, capsys):

@@ -21,6 +21,7 @@ from .matrix import check_finished_cells, select_cells
 from .notebooks import NotebookFailed
 from .reachability import WorldUnreachable, check_world
 from .slurm import profile_executor
+from .stage_times import RUN_LOG, StageTimes
 from .stages import (
     DEFAULT_STAGES,
     STAGES,
@@ -90,27 +91,38 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: str | None, jobs: int,
                 slots: list[str] | None, executor) -> int:
-    """Run the chosen stages in order; the analysis runs even when some cells failed."""
-    ok = True
+    """Run the chosen stages in order, timed; the analysis runs even when some cells failed."""
+    ok, timed, cells = True, StageTimes(), None
     try:
         if "world" in stages:
-            stage_world(profile, root)
+            with timed("world"):
+                stage_world(profile, root)
         if {"baseline", "cells"} & set(stages):
             check_world({k: resolve_world_entry(v, root) for k, v in profile.world.items()}, profile.data)
         if "baseline" in stages:
-            stage_baseline(profile, root)
+            with timed("baseline"):
+                stage_baseline(profile, root)
         if "cells" in stages:
-            ok = stage_cells(profile, root, cells_filter, jobs, slots, executor).ok
+            with timed("cells"):
+                cells = stage_cells(profile, root, cells_filter, jobs, slots, executor)
+            ok = cells.ok
         if "benchmark" in stages:
-            stage_benchmark(profile, root)
+            with timed("benchmark"):
+                stage_benchmark(profile, root)
         if "analysis" in stages:
-            stage_analysis(profile, root)
+            with timed("analysis"):
+                stage_analysis(profile, root)
         if "kl_bound" in stages:
-            stage_kl_bound(profile, root)
+            with timed("kl_bound"):
+                stage_kl_bound(profile, root)
     except WorldUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (FileNotFoundError, NotebookFailed, subprocess.CalledProcessError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        counts = cells and {"finished": len(cells.finished), "skipped": len(cells.skipped), "failed": len(cells.failed)}
+        timed.append_to(profile.outputs_dir(root) / RUN_LOG, profile=profile.name, jobs=len(slots) if slots else jobs,
+                        executor=type(executor).__name__ if executor else "here", cells=counts)
     return 0 if ok else 1
