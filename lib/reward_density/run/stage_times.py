@@ -41,7 +41,7 @@ class StageTimes:
         finally:
             spent = {"wall_seconds": round(time.monotonic() - wall, 1), "cpu_seconds": round(cpu_seconds() - cpu, 1)}
             self.stages[stage] = spent
-            print(f"{stage}: {spent['wall_seconds'] / 60:.1f} min wall, {spent['cpu_seconds'] / 60:.1f} CPU-min "
+            print(f"{stage}: {_duration(spent['wall_seconds'])} wall, {_duration(spent['cpu_seconds'])} CPU "
                   f"({cpu_model()})", file=sys.stderr)
 
     def append_to(self, path: Path, **extra: Any) -> None:
@@ -56,3 +56,8 @@ class StageTimes:
             print(f"warning: the stage times were not recorded: {exc}", file=sys.stderr)
             return
         print(f"stage times: {path}", file=sys.stderr)
+
+
+def _duration(seconds: float) -> str:
+    """'42 s' under a minute, else '6.4 min'."""
+    return f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
