@@ -16,6 +16,7 @@ import yaml
 
 from reward_density.analysis.speed import speed_markdown
 from reward_density.experiment.profiles import COMPARISONS, REPO_ROOT, load_profile
+from reward_density.experiment.provenance import code_fingerprint
 from reward_density.run import notebooks, stages
 from reward_density.run.cli import _parser, main
 from reward_density.run.local import gpu_slots, run_matrix
@@ -272,6 +273,22 @@ def test_the_kl_bound_stage_runs_its_notebook_once_per_parameters(root, capsys):
     assert table.count("\n") == 3, "one row per seed and rank"
     assert main(["--profile", "tiny", "--root", str(root), "--stages", "kl_bound"]) == 0
     assert "holds these results already; skipped" in capsys.readouterr().err
+
+
+def test_the_committed_kl_bound_results_are_keyed_to_todays_code_so_a_fresh_clone_keeps_them():
+    committed = read_json(REPO_ROOT / "outputs" / "mini" / "kl_bound" / stages.KEY_FILE)
+    assert committed == stages.kl_bound_key(load_profile(REPO_ROOT / "params" / "mini.yaml")), (
+        "outputs/mini/kl_bound was computed for other code or parameters: ./run_all.sh would redo it and overwrite "
+        "the committed results; rerun `./run_all.sh --stages kl_bound` and commit its outputs")
+
+
+def test_rewrapping_the_experiments_code_does_not_redo_its_results(tmp_path):
+    source = "def f(x):\n    return x + 1  # one\n"
+    (tmp_path / "a.py").write_text(source)
+    (tmp_path / "b.py").write_text("def f(x):\n    return (\n        x + 1\n    )\n")
+    (tmp_path / "c.py").write_text(source.replace("+ 1", "+ 2"))
+    fingerprints = [code_fingerprint(tmp_path / name) for name in ("a.py", "b.py", "c.py")]
+    assert fingerprints[0] == fingerprints[1] != fingerprints[2]
 
 
 FAKE_BASELINE = '''# %% tags=["parameters"]

@@ -1,6 +1,7 @@
 """What produced a result: git commit, dirty flag and working tree, package versions, device, wall time."""
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -88,7 +89,6 @@ def cpu_model() -> str:
     return f"{name or platform.machine()} ({vector})"
 
 
-
 def manifest(device: str | torch.device = "cpu", **extra: Any) -> dict[str, Any]:
     """Git state, versions, device and python, plus whatever the caller adds (params, timings)."""
     return {
@@ -113,6 +113,11 @@ def write_json_atomic(path: Path, payload: Any) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(handle.name, path)
+
+
+def code_fingerprint(module: Path) -> str:
+    """A hash of a Python file's syntax tree: its code and docstrings, not its layout or comments."""
+    return hashlib.sha256(ast.dump(ast.parse(Path(module).read_text())).encode()).hexdigest()[:16]
 
 
 def fingerprint(source: str | Path | None) -> str:

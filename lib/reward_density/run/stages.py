@@ -18,7 +18,7 @@ from ..analysis.speed import BENCHMARK_FILE
 from ..experiment import kl_bound
 from ..experiment.baseline import base_configs, base_eval_key
 from ..experiment.profiles import STUDY_SETTINGS, Profile, resolve_world_entry
-from ..experiment.provenance import fingerprint, write_json_atomic
+from ..experiment.provenance import code_fingerprint, fingerprint, write_json_atomic
 from .local import run_matrix
 from .matrix import RunReport, base_answers_dir
 from .notebooks import execute_notebook, existing_notebook
@@ -146,8 +146,7 @@ def stage_kl_bound(profile: Profile, root: Path) -> None:
     holds the key of these parameters and this version of the experiment's code."""
     if profile.kl_bound is None:
         return
-    out = root / profile.kl_bound["out_dir"]
-    key = {"parameters": profile.kl_bound, "code": fingerprint(Path(kl_bound.__file__))}
+    out, key = root / profile.kl_bound["out_dir"], kl_bound_key(profile)
     if (out / KEY_FILE).is_file() and json.loads((out / KEY_FILE).read_text()) == key:
         print(f"kl_bound: {out} holds these results already; skipped", file=sys.stderr)
         return
@@ -155,3 +154,9 @@ def stage_kl_bound(profile: Profile, root: Path) -> None:
     run_stage(root / "notebooks" / "kl_bound.py", out / "kl_bound.ipynb", {**profile.kl_bound, "out_dir": str(out)},
               root)
     write_json_atomic(out / KEY_FILE, key)
+
+
+def kl_bound_key(profile: Profile) -> dict[str, Any]:
+    """What the KL-bound results depend on: the profile's parameters and the experiment's code, as parsed, so that
+    rewrapping or commenting it does not redo them."""
+    return {"parameters": profile.kl_bound, "code": code_fingerprint(Path(kl_bound.__file__))}
