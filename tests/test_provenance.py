@@ -47,6 +47,18 @@ def test_files_ahead_of_the_commit_are_named_by_the_commit_that_later_holds_them
     assert git(repo, "rev-parse", "HEAD^{tree}") == recorded, "the commit holding those files must have the tree"
 
 
+def test_results_a_run_rewrote_do_not_make_its_code_dirty(tmp_path):
+    repo = a_repository(tmp_path)
+    (repo / "outputs").mkdir()
+    (repo / "outputs" / "report.md").write_text("committed\n")
+    git(repo, "add", "outputs")
+    git(repo, "commit", "-q", "-m", "results")
+    (repo / "outputs" / "report.md").write_text("rewritten by a run on another CPU\n")
+    assert git_state(repo / "outputs")["dirty"] is False, "only the code decides the dirty flag"
+    (repo / "code.py").write_text("x = 2\n")
+    assert git_state(repo / "outputs")["dirty"] is True
+
+
 def test_outside_a_checkout_there_is_no_commit_and_no_tree(tmp_path):
     assert git_state(tmp_path) == {"commit": None, "dirty": None}
     assert working_tree(tmp_path) is None
