@@ -123,9 +123,7 @@ def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: s
         return 1
     finally:
         if timed.stages:  # a run stopped before any stage (an unreachable world) leaves no trace
-            counts = None if cells is None else {
-                "finished": len(cells.finished), "skipped": len(cells.skipped), "failed": len(cells.failed)}
             where = type(executor).__name__ if executor else "here"
-            timed.append_to(profile.outputs_dir(root) / RUN_LOG, profile=profile.name, cells=counts,
-                            jobs=len(slots) if slots else jobs, executor=where)
+            timed.append_to(profile.outputs_dir(root) / RUN_LOG, profile=profile.name, executor=where,
+                            jobs=len(slots) if slots else jobs, cells=cells.counts if cells else None)
     return 0 if ok else 1

@@ -56,6 +56,11 @@ class RunReport:
         """True when no cell failed."""
         return not self.failed
 
+    @property
+    def counts(self) -> dict[str, int]:
+        """How many cells finished, were skipped and failed."""
+        return {"finished": len(self.finished), "skipped": len(self.skipped), "failed": len(self.failed)}
+
 
 @dataclass(frozen=True)
 class Job:

@@ -90,8 +90,7 @@ def stage_cells(
         if gpu_slots:
             print(f"cells: {len(gpu_slots)} at once, on GPUs {' | '.join(gpu_slots)}", file=sys.stderr)
         report = run_matrix(profile, root, notebook, cells_filter, jobs, gpu_slots)
-    print(f"cells: {len(report.finished)} finished, {len(report.skipped)} skipped, {len(report.failed)} failed",
-          file=sys.stderr)
+    print("cells: " + ", ".join(f"{count} {outcome}" for outcome, count in report.counts.items()), file=sys.stderr)
     for failure in report.failed:
         print(f"  FAILED {failure.name}: {failure.error}\n    notebook: {failure.notebook}\n    log: {failure.log}",
               file=sys.stderr)
