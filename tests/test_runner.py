@@ -212,11 +212,12 @@ def run_records(root: Path) -> list[dict]:
 
 def test_each_run_appends_its_stage_times_with_the_machine_and_the_code(root, capsys):
     assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells,analysis", "--jobs", "2"]) == 0
-    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells"]) == 0
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells,kl_bound"]) == 0
     first, second = run_records(root)
     assert list(first["stages"]) == ["cells", "analysis"], "the stages run, in order"
     assert first["cells"] == {"finished": 4, "skipped": 0, "failed": 0} and first["jobs"] == 2
     assert second["cells"] == {"finished": 0, "skipped": 4, "failed": 0}, "the rerun skipped every cell"
+    assert list(second["stages"]) == ["cells"], "a profile without a KL bound has no such stage to time"
     cells = first["stages"]["cells"]
     assert cells["cpu_seconds"] > 1.0, f"four cell processes' CPU time must be counted: {cells}"
     stages_wall = sum(stage["wall_seconds"] for stage in first["stages"].values())

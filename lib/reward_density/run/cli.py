@@ -112,7 +112,7 @@ def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: s
         if "analysis" in stages:
             with timed("analysis"):
                 stage_analysis(profile, root)
-        if "kl_bound" in stages:
+        if "kl_bound" in stages and profile.kl_bound is not None:  # a profile without one has no such stage
             with timed("kl_bound"):
                 stage_kl_bound(profile, root)
     except WorldUnreachable as exc:

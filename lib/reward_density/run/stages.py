@@ -141,10 +141,8 @@ def stage_analysis(profile: Profile, root: Path) -> None:
 
 
 def stage_kl_bound(profile: Profile, root: Path) -> None:
-    """Theorem 1 on Optdigits (notebooks/kl_bound.py) when the profile asks for it; skipped when its folder
+    """Theorem 1 on Optdigits (notebooks/kl_bound.py) for a profile that asks for it; skipped when its folder
     holds the key of these parameters and this version of the experiment's code."""
-    if profile.kl_bound is None:
-        return
     out, key = root / profile.kl_bound["out_dir"], kl_bound_key(profile)
     if (out / KEY_FILE).is_file() and json.loads((out / KEY_FILE).read_text()) == key:
         print(f"kl_bound: {out} holds these results already; skipped", file=sys.stderr)
