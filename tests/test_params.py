@@ -390,6 +390,13 @@ def test_world_entry_rule(tmp_path):
         ({"data": {"prompt_template": "{problem}", "problem_subsets": []}}, "data.problem_subsets = []", "non-empty"),
         ({"cluster": {"mem_gb": 8}}, "cluster.timeout_min: missing key", "required in cluster"),
         ({"cluster": {"timeout_min": 0.5}}, "cluster.timeout_min = 0.5", "a positive integer"),
+        # Settings that are each valid but that no cell can run together, caught before the world is built.
+        ({"cell__precision": "bf16"}, "cell outcome-r1-s0: engine stacked", "set engine: peft, or change precision"),
+        ({"cell__lora_dropout": 0.1}, "cell outcome-r1-s0: engine stacked", "change lora_dropout"),
+        ({"cell__gradient_checkpointing": True}, "engine stacked", "change gradient_checkpointing"),
+        ({"cell__replay_successes": 2}, "engine stacked", "cannot replay"),
+        ({"cell__token_alpha": 2}, "cell outcome-r1-s0: S-GRPO's token rule", "['token_k', 'token_p'] unset"),
+        ({"cell__dev_problems": 4, "cell__eval_split": "dev"}, "cell outcome-r1-s0: dev_problems", "on dev already"),
     ],
 )
 def test_invalid_profile_names_key_and_expectation(tmp_path, changes, key, expected):

@@ -9,7 +9,7 @@ import torch
 from test_stacked import PROBLEMS, length_reward
 
 from reward_density.data.problems import Problem
-from reward_density.experiment.cell import check_group, step_config
+from reward_density.experiment.cell import step_config
 from reward_density.experiment.profiles import REPO_ROOT, cell_config, group_configs, load_profile
 from reward_density.grpo.loss import LossConfig
 from reward_density.grpo.policy import Policy, PolicyConfig
@@ -169,6 +169,5 @@ def test_a_step_with_replay_updates_again_on_the_replayed_groups(tiny_tokenizer)
 
 def test_replay_is_refused_where_arms_share_their_prompts():
     profile = load_profile(REPO_ROOT / "params" / "smoke.yaml")
-    configs = group_configs(profile, "outcome", [1, 2], 0, replay_failures=2)
-    with pytest.raises(ValueError, match="replay .* use engine: peft"):
-        check_group(configs)
+    with pytest.raises(ValueError, match="cannot replay .* set engine: peft, or change replay_failures"):
+        group_configs(profile, "outcome", [1, 2], 0, replay_failures=2)

@@ -294,9 +294,6 @@ def check_group(configs: list[CellConfig]) -> None:
             raise ValueError(f"{config.name} cannot train beside {configs[0].name}: they differ in {differing}")
     if len(configs) > 1 and configs[0].engine != "stacked":
         raise ValueError("engine peft trains one cell per process; several arms together need engine: stacked")
-    if configs[0].engine == "stacked" and replay_config(configs[0]) is not None:
-        raise ValueError("T-SPMO's replay restarts each arm from its own completions, which the stacked engine's "
-                         "shared prompts cannot do: use engine: peft")
 
 
 def make_policy(configs: list[CellConfig], student: torch.nn.Module) -> Policy | StackedPolicy:

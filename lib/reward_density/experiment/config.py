@@ -223,6 +223,19 @@ class CellConfig:
         if self.dev_problems is not None and self.eval_split == "dev":
             raise ValueError("dev_problems scores the dev split beside the held-out one; with eval_split dev every "
                              "evaluation is on dev already")
+        if self.engine == "stacked":
+            self._check_stackable()
+
+    def _check_stackable(self) -> None:
+        """The stacked engine's arms run in fp32 without LoRA dropout or checkpointing, and share their prompts."""
+        unsupported = {"precision": self.precision != "fp32", "lora_dropout": self.lora_dropout > 0,
+                       "gradient_checkpointing": self.gradient_checkpointing,
+                       "replay_successes": self.replay_successes > 0, "replay_failures": self.replay_failures > 0}
+        found = [name for name, bad in unsupported.items() if bad]
+        if found:
+            raise ValueError(f"engine stacked trains its arms in fp32, without LoRA dropout or gradient checkpointing, "
+                             f"and cannot replay (T-SPMO's replay restarts each arm from its own completions, where "
+                             f"stacked arms share their prompts): set engine: peft, or change {', '.join(found)}")
 
     @classmethod
     def settings(cls, *sections: str) -> list[Field]:

@@ -320,7 +320,7 @@ class _Validator:
         if kl_bound is not None and not (isinstance(kl_bound, dict) and isinstance(kl_bound.get("out_dir"), str)):
             raise self.error("kl_bound", kl_bound, "a mapping of the Theorem-1 notebook's parameters with an out_dir")
         cell_checks, cell_defaults = _schema("cell")
-        return Profile(
+        return self.cells(Profile(
             name=name,
             path=self.path,
             world=self.schema("world", data["world"], *_schema("world")),
@@ -331,7 +331,17 @@ class _Validator:
             cell=cell_defaults | self.schema("cell", data.get("cell", {}), cell_checks, cell_defaults),
             analysis=ANALYSIS_DEFAULTS | self.schema("analysis", data["analysis"], ANALYSIS_SCHEMA, ANALYSIS_DEFAULTS),
             kl_bound=kl_bound,
-        )
+        ))
+
+    def cells(self, profile: Profile) -> Profile:
+        """The profile, once every cell's settings hold together (the rules between settings, CellConfig's), so
+        that a combination no cell can run stops the run before any work rather than failing every cell."""
+        for cell in profile.cells():
+            try:
+                cell_config(profile, cell.regime, cell.rank, cell.seed, learning_rate=cell.learning_rate)
+            except ValueError as exc:
+                raise ProfileError(f"{self.path}: cell {cell.name}: {exc}") from None
+        return profile
 
     def data(self, value: Any) -> dict[str, Any]:
         """The validated data section: a prompt template and, optionally, the dataset subsets to read."""
