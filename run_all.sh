@@ -78,7 +78,12 @@ case "${1:-}" in
   test) shift; setup; run_tests "$@" ;;
   goldens) setup; pin_avx2_kernels; exec "$PY" tests/golden/regenerate.py ;;
   lab) shift; setup; exec "$PY" -m reward_density.tools.lab "$@" ;;
-  board) setup; exec "$VENV/bin/tensorboard" --logdir "outputs/${2:-mini}/cells" ;;
+  board) board_profile="${2:-mini}"
+         if [ ! -f "params/$board_profile.yaml" ]; then  # a typo would serve an empty board, silently
+           echo "board: no profile params/$board_profile.yaml; profiles: $(cd params && ls *.yaml | sed 's/\.yaml$//' | xargs)" >&2
+           exit 2
+         fi
+         setup; exec "$VENV/bin/tensorboard" --logdir "outputs/$board_profile/cells" ;;
   papers) shift; setup; for profile in "${PAPERS[@]}"; do run_study --profile "$profile" "$@"; done ;;
   -h|--help) echo "usage: ./run_all.sh [setup | test [pytest args] | goldens | lab | board [PROFILE] | papers | [runner options]]" >&2
              setup >/dev/null; "$PY" -m reward_density.run --help ;;

@@ -1,5 +1,6 @@
 """The set-up files agree with each other: conda mirrors pip, CI calls the README's test command."""
 import re
+import subprocess
 from pathlib import Path
 
 import tomllib
@@ -27,3 +28,9 @@ def test_environment_yml_mirrors_every_pip_dependency():
 def test_ci_runs_the_readme_test_command():
     command = re.search(r"\*\*Test command:\*\* `([^`]+)`", (ROOT / "README.md").read_text()).group(1)
     assert command in (ROOT / ".ci" / "run").read_text(), f".ci/run does not call {command!r}"
+
+
+def test_the_board_of_a_profile_that_does_not_exist_is_refused_with_the_profiles_there_are():
+    done = subprocess.run([str(ROOT / "run_all.sh"), "board", "minii"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, f"TensorBoard would serve an empty board for a mistyped profile: {done.stderr}"
+    assert "no profile params/minii.yaml" in done.stderr and " mini " in done.stderr, done.stderr
