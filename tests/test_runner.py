@@ -137,10 +137,12 @@ def test_each_concurrent_cell_gets_its_own_gpus(root, monkeypatch):
     assert set(given.values()) == {"5", "7"}, f"cells should run on GPU 5 or 7, two at once: {given}"
 
 
-def test_gpu_list_is_split_into_one_slot_per_cell():
+def test_gpu_list_is_split_into_one_slot_per_cell(capsys):
     smoke, paper = (load_profile(REPO_ROOT / "params" / f"{name}.yaml") for name in ("smoke", "paper"))
     assert gpu_slots("0,1,2", smoke) == ["0", "1", "2"]
+    assert "puts its cells on the CPU" in capsys.readouterr().err, "a CPU profile given GPUs says it will not use them"
     assert gpu_slots("0,1,2,3,4", paper) == ["0,1", "2,3"], "paper cells put the teacher and PRM on cuda:1"
+    assert "CPU" not in capsys.readouterr().err, "a GPU profile's cells use the GPUs given"
     for bad, message in (("0,0", "distinct GPU indices"), ("a,b", "distinct GPU indices"), ("3", "on 2 GPUs")):
         with pytest.raises(ValueError, match=message):
             gpu_slots(bad, paper)

@@ -60,11 +60,15 @@ def cell_env(jobs: int, gpus: str | None = None) -> dict[str, str]:
     return env
 
 
+def cuda_indices(profile: Profile) -> list[int]:
+    """The cuda index of each of a cell's devices that is a GPU (the student's, the teacher's, the PRM's)."""
+    devices = [profile.cell[key] for key in ("device", "teacher_device", "prm_device")]
+    return [int(m.group(1) or 0) for d in devices if (m := re.fullmatch(r"cuda(?::(\d+))?", d))]
+
+
 def gpus_per_cell(profile: Profile) -> int:
     """How many GPUs one cell addresses: 1 + the highest cuda index among its devices (1 on a CPU profile)."""
-    devices = [profile.cell[key] for key in ("device", "teacher_device", "prm_device")]
-    indices = [int(m.group(1) or 0) for d in devices if (m := re.fullmatch(r"cuda(?::(\d+))?", d))]
-    return max(indices, default=0) + 1
+    return max(cuda_indices(profile), default=0) + 1
 
 
 def gpu_slots(gpus: str, profile: Profile) -> list[str]:
@@ -72,6 +76,9 @@ def gpu_slots(gpus: str, profile: Profile) -> list[str]:
     ids = [g.strip() for g in gpus.split(",") if g.strip()]
     if not ids or not all(g.isdigit() for g in ids) or len(set(ids)) != len(ids):
         raise ValueError(f"--gpus {gpus!r}: expected distinct GPU indices separated by commas, e.g. 0,1,2,3")
+    if not cuda_indices(profile):
+        print(f"note: profile {profile.name} puts its cells on the CPU (cell.device); --gpus {gpus} only sets how many "
+              "run at once", file=sys.stderr)
     size = gpus_per_cell(profile)
     if len(ids) < size:
         raise ValueError(f"--gpus {gpus!r}: profile {profile.name} places a cell on {size} GPUs (its cell devices)")
