@@ -92,8 +92,10 @@ class Matrix:
 
     def learning_rate_of(self, regime: str, rank: int | None) -> float:
         """The learning rate of an arm in a regime (rank None: FullFT), when the profile gives exactly one."""
+        if regime not in self.learning_rate:
+            raise ValueError(f"regime {regime!r} is not one of the profile's matrix.regimes: {', '.join(self.regimes)}")
         arm = "full" if rank is None else "lora"
-        rates = self.learning_rate.get(regime, {}).get(arm)
+        rates = self.learning_rate[regime].get(arm)
         if not rates:
             raise ValueError(f"the profile has no matrix.learning_rate for {arm} in {regime}")
         if len(rates) > 1:
