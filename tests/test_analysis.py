@@ -219,6 +219,20 @@ def test_fullft_without_shared_seed_is_skipped_with_reason(tmp_path):
     assert frame["verdict"].tolist() == ["skipped"] and frame["reason"].item() == "no seed shared with FullFT"
 
 
+def test_one_training_run_per_arm_gets_no_interval_and_no_verdict(tmp_path):
+    """A seed's problems alone say nothing of the next run's: with one seed there is no interval to claim."""
+    write_cell(tmp_path, "outcome", 1, 0, 2)
+    write_cell(tmp_path, "outcome", None, 0, 9)
+    cells = load_cells(tmp_path)
+    frame = equivalence_table(cells, margin=0.05).frame
+    assert frame["verdict"].tolist() == ["skipped"], "a one-seed comparison claimed a verdict"
+    assert frame["reason"].item() == "one seed shared with FullFT: no interval that holds for new training runs"
+    gain = gain_table(cells)
+    assert gain.frame["reason"].str.startswith("one seed").all() and gain.frame["ci_low"].isna().all()
+    report = write_report(cells, tmp_path / "analysis", margin=0.05, profile_name="tiny").read_text()
+    assert "skipped: one seed shared with FullFT" in report and "No LoRA arm was compared with FullFT" in report
+
+
 @pytest.mark.parametrize("setup", [
     [("process", None, 0, 5)],
     [("outcome", 1, 0, 5), ("outcome", 8, 1, 6), ("process", None, 3, 4)],

@@ -50,8 +50,14 @@ def test_the_variance_is_the_two_way_anova_estimate_computed_by_hand():
     assert (result.ci_low, result.ci_high) == pytest.approx((grand - half, grand + half), rel=1e-12)
 
 
-def test_one_seed_is_the_ordinary_interval_over_problems():
-    d = np.array([[1.0, 0.0, 1.0, 1.0, -1.0, 0.0]])
+def test_one_seed_gives_no_interval_because_the_spread_between_training_runs_is_unknown():
+    # Over problems alone, one run's interval would claim far more than it knows about a new run.
+    with pytest.raises(ValueError, match="one seed: the spread between training runs cannot be estimated"):
+        variance_of_mean(np.array([[1.0, 0.0, 1.0, 1.0, -1.0, 0.0]]))
+
+
+def test_one_problem_is_the_ordinary_interval_over_seeds():
+    d = np.array([[1.0], [0.0], [1.0], [-1.0]])
     variance, df = variance_of_mean(d)
     assert variance == pytest.approx(d.var(ddof=1) / d.size) and df == d.size - 1
 
@@ -73,7 +79,8 @@ def test_lora_always_right_full_always_wrong_is_different():
 
 
 def test_small_noisy_sample_is_inconclusive():
-    diff = paired_diff(arm({0: [1, 0, 1, 0, 1, 0]}), arm({0: [0, 1, 1, 0, 0, 1]}))
+    diff = paired_diff(arm({0: [1, 0, 1, 0, 1, 0], 1: [0, 1, 0, 0, 1, 1]}),
+                       arm({0: [0, 1, 1, 0, 0, 1], 1: [1, 0, 0, 0, 1, 1]}))
     assert diff.estimate == 0 and diff.ci_low < 0 < diff.ci_high
     assert tost(diff, margin=0.05).verdict == "inconclusive"
 
@@ -197,4 +204,4 @@ def test_duplicate_answers_are_an_error():
 
 def test_bad_margin_is_an_error():
     with pytest.raises(ValueError, match="margin"):
-        tost(crossed_interval(np.zeros((1, 5))), margin=0)
+        tost(crossed_interval(np.zeros((2, 5))), margin=0)

@@ -10,6 +10,7 @@ import pandas as pd
 
 from .load import Cells, arms, regimes
 from .plots import plot_kl_ablation
+from .statistics import MIN_SEEDS, shared_seeds
 from .tables import Table, comparison, final_answers, markdown_table
 
 
@@ -21,7 +22,7 @@ def with_without_kl(with_kl: Cells, without_kl: Cells, margin: float, confidence
     for regime in [r for r in regimes(without_kl) if r in regimes(with_kl)]:
         for arm in [a for a in arms(without_kl) if a in arms(with_kl)]:
             a, b = (frame[(frame["regime"] == regime) & (frame["arm"] == arm)] for frame in (dropped, kept))
-            if a.empty or b.empty or not set(a["seed"]) & set(b["seed"]):
+            if shared_seeds(a, b) < MIN_SEEDS:  # no interval holds for new training runs
                 continue
             rows.append({"regime": regime, "arm": arm, "with_kl": b["correct"].mean(),
                          "without_kl": a["correct"].mean(), **comparison(a, b, margin, confidence)})

@@ -10,6 +10,7 @@ import pandas as pd
 
 from .load import Cells, arms
 from .plots import plot_method_accuracy, plot_method_curves
+from .statistics import MIN_SEEDS, shared_seeds
 from .tables import Table, comparison, final_answers, markdown_table
 
 MEMORY_NOTE = (
@@ -37,7 +38,7 @@ def method_accuracy(studies: dict[str, Cells], regime: str, margin: float, confi
             row = {"method": name, "arm": arm, "pass1": per_seed.mean(), "sd": per_seed.std(ddof=1),
                    "n_seeds": len(per_seed)}
             theirs = base_final[(base_final["regime"] == regime) & (base_final["arm"] == arm)]
-            if name != base_name and not theirs.empty and set(mine["seed"]) & set(theirs["seed"]):
+            if name != base_name and shared_seeds(mine, theirs) >= MIN_SEEDS:
                 row |= comparison(mine, theirs, margin, confidence)
             rows.append(row)
     frame = pd.DataFrame(rows)

@@ -12,7 +12,8 @@ sigma_a^2 / S + sigma_b^2 / P + sigma_e^2 / (S P), estimated without bias from t
 and the interval uses Student's t at those degrees of freedom. With few seeds the seed mean square has
 S - 1 degrees of freedom and the interval widens accordingly; a percentile bootstrap over seeds cannot,
 and covers the truth far less often than it claims when training runs differ (`simulate_coverage`;
-tests/test_statistics.py measures both).
+tests/test_statistics.py measures both). With one seed there is no interval at all: the spread between training
+runs cannot be estimated from one, and an interval over problems alone would claim to know the next run.
 """
 from __future__ import annotations
 
@@ -106,14 +107,22 @@ def _satterthwaite(terms: list[tuple[float, float]]) -> float:
     return sum(v for v, _ in terms) ** 2 / sum(v ** 2 / df for v, df in terms)
 
 
+MIN_SEEDS = 2  # an interval that holds for new training runs needs their spread, which one run cannot show
+
+
+def shared_seeds(a: pd.DataFrame, b: pd.DataFrame) -> int:
+    """How many seeds two arms' results share: the training runs a paired comparison rests on."""
+    return len(set(a["seed"]) & set(b["seed"]))
+
+
 def variance_of_mean(diffs: np.ndarray) -> tuple[float, float]:
     """Estimated variance of the grand mean of a seeds x problems matrix, and its degrees of freedom."""
     n_seeds, n_problems = diffs.shape
-    if n_seeds == 1 or n_problems == 1:  # one crossed factor left: the ordinary variance of a mean
-        values = diffs.ravel()
-        if values.size < 2:
-            raise ValueError("one seed and one problem: no variance can be estimated")
-        return float(values.var(ddof=1) / values.size), float(values.size - 1)
+    if n_seeds < MIN_SEEDS:
+        raise ValueError("one seed: the spread between training runs cannot be estimated, so no interval holds "
+                         "for new runs")
+    if n_problems == 1:  # one crossed factor left: the ordinary variance of a mean over seeds
+        return float(diffs.var(ddof=1) / n_seeds), float(n_seeds - 1)
     ms_seed, ms_problem, ms_residual = _mean_squares(diffs)
     cells, df_residual = n_seeds * n_problems, (n_seeds - 1) * (n_problems - 1)
     combined = ms_seed + ms_problem - ms_residual

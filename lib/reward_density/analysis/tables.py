@@ -9,11 +9,13 @@ import pandas as pd
 from .load import KEYS, Cells, arm_name, arms, regimes
 from .statistics import (
     MAX_PROJECTED_SEEDS,
+    MIN_SEEDS,
     crossed_interval,
     minimum_detectable_difference,
     paired_diff,
     paired_differences,
     seeds_for_equivalence,
+    shared_seeds,
     tost,
 )
 
@@ -151,6 +153,9 @@ def gain_table(cells: Cells, confidence: float = 0.95) -> Table:
             if before.empty or after.empty:
                 rows.append({**row, "reason": "no step-0 and final evaluation of the same cell"})
                 continue
+            if shared_seeds(after, before) < MIN_SEEDS:
+                rows.append({**row, "reason": "one seed: no interval that holds for new training runs"})
+                continue
             diff = paired_diff(after, before, confidence)
             rows.append({
                 **row, "base": before["correct"].mean(),
@@ -192,8 +197,10 @@ def _skip_reason(lora: pd.DataFrame, full: pd.DataFrame) -> str:
         return "no finished FullFT cell with answers in this regime"
     if lora.empty:
         return "no answers for this LoRA arm"
-    if not set(lora["seed"]) & set(full["seed"]):
+    if not shared_seeds(lora, full):
         return "no seed shared with FullFT"
+    if shared_seeds(lora, full) < MIN_SEEDS:
+        return "one seed shared with FullFT: no interval that holds for new training runs"
     if not set(lora["problem_id"]) & set(full["problem_id"]):
         return "no problem shared with FullFT"
     return ""
