@@ -197,9 +197,10 @@ def _skip_reason(lora: pd.DataFrame, full: pd.DataFrame) -> str:
         return "no finished FullFT cell with answers in this regime"
     if lora.empty:
         return "no answers for this LoRA arm"
-    if not shared_seeds(lora, full):
+    seeds = shared_seeds(lora, full)
+    if not seeds:
         return "no seed shared with FullFT"
-    if shared_seeds(lora, full) < MIN_SEEDS:
+    if seeds < MIN_SEEDS:
         return "one seed shared with FullFT: no interval that holds for new training runs"
     if not set(lora["problem_id"]) & set(full["problem_id"]):
         return "no problem shared with FullFT"
