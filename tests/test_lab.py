@@ -17,6 +17,7 @@ import pytest
 
 from reward_density.experiment.profiles import REPO_ROOT
 from reward_density.tools.lab import OVERRIDES, lab_command, write_overrides
+from reward_density.tools.lab import main as lab_main
 
 NOTEBOOKS = sorted(p.name for p in (REPO_ROOT / "notebooks").glob("*.py"))
 START_SECONDS = 120
@@ -80,6 +81,13 @@ def test_the_lab_settings_open_python_files_as_notebooks(tmp_path):
     (tmp_path / "overrides.json").write_text("{not json")
     with pytest.raises(ValueError, match="overrides.json: not valid JSON"):
         write_overrides(tmp_path)
+
+
+@pytest.mark.parametrize("port", ["70000", "0", "abc", "-1"])
+def test_a_port_that_is_not_one_stops_the_lab_before_it_starts(port, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        lab_main(["--port", port])
+    assert stopped.value.code == 2 and "is not a TCP port (1-65535)" in capsys.readouterr().err
 
 
 def test_the_server_refuses_a_request_without_its_token(lab):

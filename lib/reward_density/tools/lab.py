@@ -61,10 +61,18 @@ def lab_command(root: Path = REPO_ROOT, *, port: int | None = None, token: str |
     return command
 
 
+def tcp_port(value: str) -> int:
+    """A port number from the command line, 1-65535 (argparse's type)."""
+    port = int(value) if value.isdigit() else 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a TCP port (1-65535)")
+    return port
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Write the default-viewer override, then become JupyterLab (exec: a signal to this process reaches it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=None,
+    parser.add_argument("--port", type=tcp_port, default=None,
                         help="serve on this port (default: Jupyter's, 8888 or the next free)")
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser (print the URL only)")
     args = parser.parse_args(argv)
