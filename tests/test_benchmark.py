@@ -8,6 +8,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
 from reward_density.tools.benchmark import CPU_ATTENTION_FLOPS, aten_ms_by_kind, main
+from reward_density.tools.measurement import write_report
 
 
 def test_benchmark_times_every_implementation_on_every_arm_and_writes_json(tmp_path):
@@ -84,3 +85,13 @@ def test_bad_benchmark_arguments_are_usage_errors_that_name_the_problem(argv, me
         main(argv)
     assert exit_info.value.code == 2, "argparse's usage error exits with status 2"
     assert message in capsys.readouterr().err
+
+
+def test_a_report_goes_where_asked_its_folder_made_and_to_stderr_when_it_cannot(tmp_path, capsys):
+    report = {"ratio": 2.5}
+    write_report(report, tmp_path / "new" / "folder" / "bench.json")
+    assert json.loads((tmp_path / "new" / "folder" / "bench.json").read_text()) == report
+    (tmp_path / "a_file").write_text("")
+    write_report(report, tmp_path / "a_file" / "bench.json")  # a file where its folder should be
+    err = capsys.readouterr().err
+    assert "could not be written" in err and '"ratio": 2.5' in err, "a measurement that cannot be written is lost"

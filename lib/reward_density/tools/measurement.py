@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import statistics
+import sys
 import time
 import traceback
 import warnings
@@ -110,6 +111,13 @@ def attempt(work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 def write_report(report: dict[str, Any], out: Path | None) -> None:
-    """The report as indented JSON at out, if given."""
-    if out is not None:
-        out.write_text(json.dumps(report, indent=2))
+    """The report as indented JSON at out, if given, its folder made; on stderr when it cannot be written there, so
+    that minutes of measuring are not lost to a mistyped path."""
+    if out is None:
+        return
+    text = json.dumps(report, indent=2)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    except OSError as error:
+        print(f"warning: the report could not be written ({error}); here it is:\n{text}", file=sys.stderr)
