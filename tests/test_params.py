@@ -397,6 +397,7 @@ def test_world_entry_rule(tmp_path):
         ({"cell__replay_successes": 2}, "engine stacked", "cannot replay"),
         ({"cell__token_alpha": 2}, "cell outcome-r1-s0: S-GRPO's token rule", "['token_k', 'token_p'] unset"),
         ({"cell__dev_problems": 4, "cell__eval_split": "dev"}, "cell outcome-r1-s0: dev_problems", "on dev already"),
+        ({"cell__curve_problems": 50}, "cell outcome-r1-s0: curve_problems = 50", "exceeds eval_problems = 8"),
     ],
 )
 def test_invalid_profile_names_key_and_expectation(tmp_path, changes, key, expected):
