@@ -224,8 +224,8 @@ class CellConfig:
             raise ValueError("dev_problems scores the dev split beside the held-out one; with eval_split dev every "
                              "evaluation is on dev already")
         if self.curve_problems is not None and self.curve_problems > self.eval_problems:
-            raise ValueError(f"curve_problems = {self.curve_problems} exceeds eval_problems = {self.eval_problems}: the "
-                             "curve scores the first curve_problems of the problems evaluated")
+            raise ValueError(f"curve_problems = {self.curve_problems} exceeds eval_problems = {self.eval_problems}: "
+                             "the curve scores the first curve_problems of the problems evaluated")
         if self.engine == "stacked":
             self._check_stackable()
 
