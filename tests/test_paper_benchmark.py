@@ -108,7 +108,7 @@ def test_a_failing_arm_records_its_error_and_the_others_still_run(monkeypatch, t
 
 @pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")  # compiled without the on-disk cache
 def test_the_compiled_decode_step_is_compiled_in_the_warmup_and_never_in_the_timed_steps():
-    """The planned GPU check of levers' compiled decode in the paper step (README, Speed): the warmup's two caps make
+    """The planned GPU check of levers' compiled decode in the paper step (docs/speed.md): the warmup's two caps make
     torch.compile see the cache's length change, so the timed steps, at a third cap, compile nothing."""
     report = pb.main(["--scale", "tiny", "--device", "cpu", "--max-new-tokens", "4", "--prompt-tokens", "4",
                       "--ranks", "1", "--trl-ranks", "", "--regimes", "outcome", "--decoder", "compiled"])

@@ -2,7 +2,7 @@
 
 On a GPU the eager decoder (qwen3.Decoder) is bound by launches, not by arithmetic: for a 28-layer Qwen3 it makes
 about 6,000 ATen calls per token, their small kernels each launched from Python. A graph replays them in one
-launch (README, Speed: 6.5 ms per token on an H100, where the eager sampler took 38-131 ms on an H200). It needs
+launch (docs/speed.md: 6.5 ms per token on an H100, where the eager sampler took 38-131 ms on an H200). It needs
 fixed shapes and addresses, so the step here attends over the whole preallocated cache, masked to the positions
 filled so far, and writes each token's keys and values at a position it reads from the device.
 """

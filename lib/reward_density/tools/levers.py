@@ -1,6 +1,6 @@
 """Speed levers that change the arithmetic, timed on the benchmark's stacked step: bf16 autocast, torch.compile.
 
-None is in the study: each would change the bits behind every committed result (README, Speed). This tool
+None is in the study: each would change the bits behind every committed result (docs/speed.md). This tool
 keeps the measurement that weighed them reproducible. bf16 and compile replace the stacked forward that scores
 completions (the training forward and the reference pass, grpo/stacked.py), leaving sampling as it is;
 compiled-decode replaces sampling's per-token step with a compiled one (CompiledDecoder), leaving scoring as it is.
