@@ -436,8 +436,8 @@ def test_learning_rates_may_differ_per_regime(tmp_path):
         (regime, arm == "full", rate) for regime, arms in rates.items() for arm, rate in arms.items()}
     message = error_of(tmp_path, tiny(matrix__learning_rate={"outcome": rates["outcome"]}))
     assert "matrix.learning_rate.process: missing key" in message
+    one_regime = load_profile(write_profile(tmp_path, tiny(matrix__regimes=["outcome"])))
     for regime in ("dense", "sft"):  # not a regime at all; a regime this profile does not run
-        one_regime = load_profile(write_profile(tmp_path, tiny(matrix__regimes=["outcome"])))
         with pytest.raises(ValueError, match=f"regime '{regime}' is not one of the profile's matrix.regimes: outcome$"):
             cell_config(one_regime, regime, 1, 0, root=tmp_path)
 
