@@ -7,7 +7,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
 
-from reward_density.analysis.load import arms, load_cells, regimes
+from reward_density.analysis.load import DamagedCell, arms, load_cells, regimes
 from reward_density.analysis.plots import FIGURES, VERDICT_COLORS, plot_equivalence
 from reward_density.analysis.report import matrix_counts, seeds_phrase, write_report
 from reward_density.analysis.stopping import answers_at_chosen_steps, chosen_steps, chosen_table
@@ -32,8 +32,8 @@ def write_cell(outputs, regime, rank, seed, final, peak=None, adv_std=1.0, finis
          for s in range(1, 5)]
     ).to_csv(folder / "history.csv", index=False)
     pd.DataFrame(
-        [{"step": s, "pass1": k / N_PROBLEMS, "len_mean": 20.0, "frac_truncated": 0.0, "frac_answered": 1.0}
-         for s, k in solved.items()]
+        [{"step": s, "pass1": k / N_PROBLEMS, "len_mean": 20.0, "frac_truncated": 0.0, "frac_answered": 1.0,
+          "scored": N_PROBLEMS} for s, k in solved.items()]
     ).to_csv(folder / "evals.csv", index=False)
     pd.DataFrame([
         {"step": s, "problem_id": f"{i:03d}", "correct": i < k, "verdict": "correct" if i < k else "wrong",
@@ -83,6 +83,27 @@ def test_load_ignores_unfinished_cells(outputs):
     assert arms(cells) == ["r1", "r2", "full"] and regimes(cells) == ["outcome", "process"]
     assert set(cells.answers["correct"]) == {0, 1} and cells.answers["problem_id"].iloc[0] == "000"
     assert {"process/steps_mean", "outcome/correct"} <= set(cells.history.columns)
+
+
+def _truncate(path, lines):
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:lines]))
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda f: (f / "summary.json").write_text('{"regime": "outc'), r"summary\.json is not valid JSON"),
+    (lambda f: (f / "summary.json").write_text("{}"), r"summary\.json lacks \['regime', 'seed'\]"),
+    (lambda f: _truncate(f / "answers.csv", 25), r"answers\.csv holds \{0: 10, 2: 10, 4: 4\} answers per step"),
+    (lambda f: (f / "answers.csv").write_text(""), r"answers\.csv does not parse as CSV"),
+    (lambda f: _truncate(f / "history.csv", 3), r"history\.csv has 2 rows, summary\.json says 4 steps"),
+    (lambda f: (f / "evals.csv").unlink(), r"No such file.*evals\.csv"),
+], ids=["summary-cut", "summary-empty", "answers-cut", "answers-empty", "history-cut", "evals-missing"])
+def test_a_damaged_finished_cell_is_named_not_read(tmp_path, damage, expected):
+    write_cell(tmp_path, "outcome", None, 0, 6)
+    damage(write_cell(tmp_path, "outcome", 1, 0, 5))
+    with pytest.raises(DamagedCell, match=expected) as error:
+        load_cells(tmp_path)
+    assert "outcome-r1-s0" in str(error.value) and "run the cells stage again" in str(error.value), \
+        "the message should name the damaged cell and how to recompute it"
 
 
 def test_no_finished_cell_is_a_clear_error(tmp_path):
@@ -341,6 +362,9 @@ def test_a_chosen_step_that_scored_only_the_curve_problems_is_a_clear_error(dev_
     answers = dev_chosen / "cells" / "process-r1-s0" / "answers.csv"
     frame = pd.read_csv(answers, dtype={"problem_id": str})
     frame[(frame["step"] != 2) | (frame["problem_id"] < "005")].to_csv(answers, index=False)
+    evals = pd.read_csv(answers.with_name("evals.csv"))
+    evals.loc[evals["step"] == 2, "scored"] = 5  # as the cell itself records it
+    evals.to_csv(answers.with_name("evals.csv"), index=False)
     with pytest.raises(ValueError, match="process-r1-s0.*curve_problems unset"):
         answers_at_chosen_steps(load_cells(dev_chosen))
 

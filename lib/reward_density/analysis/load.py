@@ -33,6 +33,10 @@ def arm_name(rank: int | None) -> str:
     return FULL if rank is None or pd.isna(rank) else f"r{int(rank)}"
 
 
+class DamagedCell(ValueError):
+    """A finished cell folder whose files cannot be read, or disagree with each other."""
+
+
 def load_cells(outputs_dir: str | Path) -> Cells:
     """Read every finished cell (one with its summary) under <outputs_dir>/cells; skip the rest."""
     root = Path(outputs_dir) / "cells"
@@ -40,29 +44,57 @@ def load_cells(outputs_dir: str | Path) -> Cells:
     finished = [p for p in folders if cell_folder.is_finished(p)]
     if not finished:
         raise FileNotFoundError(f"no finished cell (a folder with {cell_folder.SUMMARY}) under {root}")
-    summaries, history, evals, answers, dev_evals, params = [], [], [], [], [], {}
-    for folder in finished:
-        summary = json.loads((folder / cell_folder.SUMMARY).read_text())
-        keys = _cell_keys(folder.name, summary)
-        summaries.append({**summary, **keys})
-        history.append(_read_csv(folder / cell_folder.HISTORY, keys))
-        evals.append(_read_csv(folder / cell_folder.EVALS, keys))
-        answers.append(_read_csv(folder / cell_folder.ANSWERS, keys))
-        if (folder / cell_folder.DEV_EVALS).is_file():
-            dev_evals.append(_read_csv(folder / cell_folder.DEV_EVALS, keys))
-        params_file = folder / cell_folder.PARAMS
-        params[folder.name] = json.loads(params_file.read_text()) if params_file.is_file() else {}
-    answers_frame = _concat(answers)
-    answers_frame["correct"] = answers_frame["correct"].map(_as_int)
+    cells = [_read_finished(folder) for folder in finished]
+    answers = _concat([cell["answers"] for cell in cells])
+    answers["correct"] = answers["correct"].map(_as_int)
+    dev_evals = [cell["dev_evals"] for cell in cells if cell["dev_evals"] is not None]
     return Cells(
-        summaries=_with_key_types(pd.DataFrame(summaries)),
-        history=_concat(history),
-        evals=_concat(evals),
-        answers=answers_frame,
+        summaries=_with_key_types(pd.DataFrame([cell["summary"] for cell in cells])),
+        history=_concat([cell["history"] for cell in cells]),
+        evals=_concat([cell["evals"] for cell in cells]),
+        answers=answers,
         dev_evals=_concat(dev_evals) if dev_evals else _with_key_types(pd.DataFrame(columns=[*KEYS, "step", "pass1"])),
-        params=params,
+        params={folder.name: cell["params"] for folder, cell in zip(finished, cells)},
         unfinished=tuple(p.name for p in folders if p not in finished),
     )
+
+
+def _read_finished(folder: Path) -> dict:
+    """One finished cell's summary (with its keys), tables and params; DamagedCell names what is wrong."""
+    try:
+        summary = _read_json(folder / cell_folder.SUMMARY)
+        if missing := {"regime", "seed"} - summary.keys():
+            raise ValueError(f"{cell_folder.SUMMARY} lacks {sorted(missing)}")
+        keys = _cell_keys(folder.name, summary)
+        tables = {name: _read_csv(folder / file, keys) for name, file in
+                  (("history", cell_folder.HISTORY), ("evals", cell_folder.EVALS), ("answers", cell_folder.ANSWERS))}
+        dev = folder / cell_folder.DEV_EVALS
+        params = folder / cell_folder.PARAMS
+        cell = {"summary": {**summary, **keys}, **tables,
+                "dev_evals": _read_csv(dev, keys) if dev.is_file() else None,
+                "params": _read_json(params) if params.is_file() else {}}
+        _check_complete(summary, tables["history"], tables["evals"], tables["answers"])
+    except (OSError, ValueError) as error:
+        raise DamagedCell(
+            f"{folder}: {error}. The cell counts as finished (it has its {cell_folder.SUMMARY}) but its files are "
+            f"damaged; move the folder aside, or delete its {cell_folder.SUMMARY}, and run the cells stage again "
+            "to recompute it") from error
+    return cell
+
+
+def _check_complete(summary: dict, history: pd.DataFrame, evals: pd.DataFrame, answers: pd.DataFrame) -> None:
+    """A finished cell's files agree with each other: one history row per step, and as many answers at each
+    evaluation as it scored (a truncated answers.csv would otherwise shrink the paired comparisons silently)."""
+    if "steps" in summary and len(history) != summary["steps"]:
+        raise ValueError(f"{cell_folder.HISTORY} has {len(history)} rows, {cell_folder.SUMMARY} says "
+                         f"{summary['steps']} steps")
+    if "scored" not in evals:  # written by every cell (CellWriter.add_eval); absent only from hand-made folders
+        return
+    scored = evals.set_index("step")["scored"]
+    answered = answers.groupby("step").size().reindex(scored.index, fill_value=0)
+    if set(answers["step"]) != set(scored.index) or not answered.equals(scored.astype(answered.dtype)):
+        raise ValueError(f"{cell_folder.ANSWERS} holds {answered.to_dict()} answers per step, {cell_folder.EVALS} "
+                         f"says {scored.to_dict()} were scored")
 
 
 @dataclass(frozen=True)
@@ -92,8 +124,8 @@ def load_cell(folder: str | Path) -> OneCell:
     answers = table(cell_folder.ANSWERS)
     if "correct" in answers:
         answers["correct"] = answers["correct"].map(_as_int)
-    return OneCell(folder.name, json.loads((folder / cell_folder.PARAMS).read_text()),
-                   json.loads(summary.read_text()) if summary.is_file() else None,
+    return OneCell(folder.name, _read_json(folder / cell_folder.PARAMS),
+                   _read_json(summary) if summary.is_file() else None,
                    table(cell_folder.HISTORY), table(cell_folder.EVALS), answers, read_completions(folder))
 
 
@@ -112,9 +144,21 @@ def _cell_keys(name: str, summary: dict) -> dict:
             "learning_rate": summary.get("learning_rate")}
 
 
+def _read_json(path: Path) -> dict:
+    """One of a cell's JSON files; a ValueError that names the file when it does not parse."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path.name} is not valid JSON ({error})") from error
+
+
 def _read_csv(path: Path, keys: dict) -> pd.DataFrame:
-    """One cell's CSV with its key columns first (problem ids kept as text: "007" is not 7)."""
-    frame = pd.read_csv(path, dtype={"problem_id": str})
+    """One cell's CSV with its key columns first (problem ids kept as text: "007" is not 7); a ValueError that
+    names the file when it does not parse."""
+    try:
+        frame = pd.read_csv(path, dtype={"problem_id": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+        raise ValueError(f"{path.name} does not parse as CSV ({error})") from error
     for i, (column, value) in enumerate(keys.items()):
         frame.insert(i, column, [value] * len(frame))
     return frame
