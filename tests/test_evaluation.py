@@ -120,3 +120,19 @@ def test_dev_problems_beyond_the_dev_split_or_beside_a_dev_evaluation_are_clear_
         cell.load_dev_problems(_smoke_config(tmp_path, dev_problems=10**6), checker)
     with pytest.raises(ValueError, match="with eval_split dev every evaluation is on dev already"):
         _smoke_config(tmp_path, dev_problems=3, eval_split="dev")
+
+
+def test_a_damaged_saved_base_evaluation_is_evaluated_again_with_a_warning(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from reward_density.experiment import baseline
+
+    rows = [{"problem_id": "000", "correct": True}]
+    monkeypatch.setattr(baseline, "base_eval_key", lambda config: "k")
+    monkeypatch.setattr(baseline, "greedy_eval", lambda *args, **kwargs: (1.0, rows))
+    config = SimpleNamespace(base_answers=str(tmp_path), device="cpu", precision="fp32", eval_max_new_tokens=4,
+                             eval_batch_size=1, student="student")
+    (tmp_path / "base-k.json").write_text('{"pass1": 0.5, "rows": [')
+    with pytest.warns(UserWarning, match=r"base-k\.json is not valid JSON"):
+        assert baseline.base_evaluation(config, None, None, [], None) == (1.0, rows)
+    assert baseline.base_evaluation(config, None, None, [], None) == (1.0, rows), "the evaluation was not saved again"

@@ -189,6 +189,12 @@ def test_an_up_to_date_world_is_skipped_and_a_changed_setting_rebuilds_only_what
         "the SFT control's table stands alone: changing it must not rebuild the tokenizer or the models"
 
 
+def test_a_damaged_world_manifest_stops_the_build_naming_the_file(tmp_path):
+    (tmp_path / "manifest.json").write_text('{"components": ')
+    with pytest.raises(ValueError, match=r"manifest\.json is not valid JSON"):
+        stale_components(world_config("smoke"), tmp_path)
+
+
 def test_a_new_sampling_version_rebuilds_only_the_prm(world, monkeypatch):
     folder, _ = world
     before = component_keys(world_config("smoke"))

@@ -114,6 +114,15 @@ def test_a_finished_cell_trained_at_another_rate_stops_the_run_before_any_work_a
     assert not cell_dir(root, "process-r1-s0").exists(), "a cell ran although the run was refused"
 
 
+def test_a_finished_cell_with_a_damaged_params_file_is_named_and_kept(root, capsys):
+    assert run_matrix(profile_of(root), root, TRAIN, cells_filter="outcome-r1-*").finished == ["outcome-r1-s0"]
+    (cell_dir(root, "outcome-r1-s0") / "params.json").write_text('{"regime": ')
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells"]) == 2
+    error = capsys.readouterr().err
+    assert "outcome-r1-s0/params.json is not valid JSON" in error and "move or delete the cell folder" in error, error
+    assert (cell_dir(root, "outcome-r1-s0") / "summary.json").is_file(), "the finished cell was touched"
+
+
 def test_stacked_arms_run_as_one_job_whose_notebook_and_log_are_the_groups(root, monkeypatch):
     path = root / "params" / "tiny.yaml"
     path.write_text(path.read_text().replace("engine: peft", "engine: stacked"))
@@ -322,6 +331,9 @@ def test_the_baseline_is_measured_once_per_world_and_evaluation_settings(root):
     (root / "outputs" / "smoke" / "world" / "problems" / "heldout.jsonl").write_text("{}\n")
     assert baseline() == 3, "a rebuilt world (its held-out problems changed) is measured anew"
     assert baseline() == 3
+    (runs.parent / "key.json").write_text("{")
+    assert baseline() == 4, "a damaged key cannot say what was measured, so the baseline is measured anew"
+    assert baseline() == 4
 
 
 FAKE_METHODS = '''# %% tags=["parameters"]

@@ -2,7 +2,6 @@
 as long tables (load_cells), or one cell folder, finished or still running (load_cell)."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pandas as pd
 
 from ..experiment import cell_folder
 from ..experiment.config import FULL
+from ..experiment.provenance import read_json
 
 REGIME_ORDER = ("outcome", "process", "distillation")
 KEYS = ["cell", "regime", "rank", "arm", "seed"]
@@ -62,7 +62,7 @@ def load_cells(outputs_dir: str | Path) -> Cells:
 def _read_finished(folder: Path) -> dict:
     """One finished cell's summary (with its keys), tables and params; DamagedCell names what is wrong."""
     try:
-        summary = _read_json(folder / cell_folder.SUMMARY)
+        summary = read_json(folder / cell_folder.SUMMARY)
         if missing := {"regime", "seed"} - summary.keys():
             raise ValueError(f"{cell_folder.SUMMARY} lacks {sorted(missing)}")
         keys = _cell_keys(folder.name, summary)
@@ -72,7 +72,7 @@ def _read_finished(folder: Path) -> dict:
         params = folder / cell_folder.PARAMS
         cell = {"summary": {**summary, **keys}, **tables,
                 "dev_evals": _read_csv(dev, keys) if dev.is_file() else None,
-                "params": _read_json(params) if params.is_file() else {}}
+                "params": read_json(params) if params.is_file() else {}}
         _check_complete(summary, tables["history"], tables["evals"], tables["answers"])
     except (OSError, ValueError) as error:
         raise DamagedCell(
@@ -124,8 +124,8 @@ def load_cell(folder: str | Path) -> OneCell:
     answers = table(cell_folder.ANSWERS)
     if "correct" in answers:
         answers["correct"] = answers["correct"].map(_as_int)
-    return OneCell(folder.name, _read_json(folder / cell_folder.PARAMS),
-                   _read_json(summary) if summary.is_file() else None,
+    return OneCell(folder.name, read_json(folder / cell_folder.PARAMS),
+                   read_json(summary) if summary.is_file() else None,
                    table(cell_folder.HISTORY), table(cell_folder.EVALS), answers, read_completions(folder))
 
 
@@ -142,14 +142,6 @@ def _cell_keys(name: str, summary: dict) -> dict:
     rank = summary.get("rank")
     return {"cell": name, "regime": summary["regime"], "rank": rank, "arm": arm_name(rank), "seed": summary["seed"],
             "learning_rate": summary.get("learning_rate")}
-
-
-def _read_json(path: Path) -> dict:
-    """One of a cell's JSON files; a ValueError that names the file when it does not parse."""
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path.name} is not valid JSON ({error})") from error
 
 
 def _read_csv(path: Path, keys: dict) -> pd.DataFrame:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from ..grpo.sampler import SamplingConfig
 from .config import SFT, CellConfig
 from .evaluation import greedy_eval, sampled_pass_at_k
 from .profiles import REPO_ROOT, Profile, cell_config
-from .provenance import fingerprint, write_json_atomic
+from .provenance import fingerprint, read_json, write_json_atomic
 
 
 def capability_row(
@@ -63,8 +64,8 @@ def base_evaluation(config: CellConfig, model: torch.nn.Module, tokenizer: PreTr
     """The base model's greedy pass@1 and rows: read from config.base_answers when its key is there, else
     evaluated now (and saved there, atomically: cells running side by side may both write it)."""
     path = None if config.base_answers is None else Path(config.base_answers) / f"base-{base_eval_key(config)}.json"
-    if path is not None and path.is_file():
-        saved = json.loads(path.read_text())
+    saved = _read_saved(path) if path is not None and path.is_file() else None
+    if saved is not None:
         return saved["pass1"], saved["rows"]
     with autocast(config.device, config.precision):
         pass1, rows = greedy_eval(model, tokenizer, heldout, checker, config.eval_max_new_tokens,
@@ -72,6 +73,21 @@ def base_evaluation(config: CellConfig, model: torch.nn.Module, tokenizer: PreTr
     if path is not None:
         write_json_atomic(path, {"pass1": pass1, "rows": rows, "student": config.student})
     return pass1, rows
+
+
+def _read_saved(path: Path) -> dict | None:
+    """A saved base evaluation, or None with a warning when the file is damaged (it is then evaluated again)."""
+    try:
+        saved = read_json(path)
+    except ValueError as error:
+        saved, problem = None, str(error)
+    else:
+        problem = f"{path} lacks pass1 or rows"
+    if isinstance(saved, dict) and {"pass1", "rows"} <= saved.keys():
+        return saved
+    warnings.warn(f"the saved base evaluation is unusable, so the base model is evaluated again: {problem}",
+                  stacklevel=2)
+    return None
 
 
 def base_configs(profile: Profile, base_answers: str | Path, root: Path = REPO_ROOT) -> list[CellConfig]:

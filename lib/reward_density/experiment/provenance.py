@@ -119,6 +119,14 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     os.replace(handle.name, path)
 
 
+def read_json(path: Path) -> Any:
+    """A JSON file this project wrote; a ValueError that names the file when it no longer parses."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}): damaged after it was written") from error
+
+
 def code_fingerprint(module: Path) -> str:
     """A hash of a Python file's syntax tree: its code and docstrings, not its layout or comments."""
     return hashlib.sha256(ast.dump(ast.parse(Path(module).read_text())).encode()).hexdigest()[:16]

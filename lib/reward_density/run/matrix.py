@@ -26,6 +26,7 @@ from tqdm import tqdm
 from ..experiment import cell_folder
 from ..experiment.config import CellConfig, rank_label
 from ..experiment.profiles import MatrixCell, Profile, cell_config
+from ..experiment.provenance import read_json
 
 STOP_GRACE_SECONDS = 10.0  # how long a stopped cell may take to clean up before it is killed
 # What a finished cell's params.json must still agree with the profile on: what it trained and scored. Paths
@@ -99,7 +100,10 @@ def changed_settings(profile: Profile, cell: MatrixCell, root: Path) -> dict[str
     """The settings a finished cell ran with that the profile now gives otherwise: {name: (then, now)}.
     A setting its params.json does not record (one added to the schema since) is not compared."""
     params = profile.cells_dir(root) / cell.name / cell_folder.PARAMS
-    recorded = json.loads(params.read_text()) if params.is_file() else {}
+    try:
+        recorded = read_json(params) if params.is_file() else {}
+    except ValueError as error:
+        raise ValueError(f"{error}; move or delete the cell folder {params.parent} to rerun the cell") from error
     now = cell_config(profile, cell.regime, cell.rank, cell.seed, learning_rate=cell.learning_rate,
                       root=root).to_parameters()
     now = json.loads(json.dumps({name: now[name] for name in COMPARED_SETTINGS}))  # tuples as JSON lists

@@ -6,7 +6,6 @@ cells go to an executor (local.py or slurm.py).
 """
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from ..analysis.speed import BENCHMARK_FILE
 from ..experiment import kl_bound
 from ..experiment.baseline import base_configs, base_eval_key
 from ..experiment.profiles import STUDY_SETTINGS, Profile, resolve_world_entry
-from ..experiment.provenance import code_fingerprint, fingerprint, write_json_atomic
+from ..experiment.provenance import code_fingerprint, fingerprint, read_json, write_json_atomic
 from .local import run_matrix
 from .matrix import RunReport, base_answers_dir
 from .notebooks import execute_notebook, existing_notebook
@@ -56,6 +55,17 @@ def stage_world(profile: Profile, root: Path) -> None:
 BASELINE_SETTINGS = ("temperature", "top_p", "max_new_tokens", "device", "teacher_device", "precision")
 
 
+def _holds_key(out: Path, key: dict) -> bool:
+    """Whether a stage's folder records this key; a damaged key file says no (the stage runs again)."""
+    if not (out / KEY_FILE).is_file():
+        return False
+    try:
+        return read_json(out / KEY_FILE) == key
+    except ValueError as error:
+        print(f"note: {error}; running the stage again", file=sys.stderr)
+        return False
+
+
 def stage_baseline(profile: Profile, root: Path) -> None:
     """Student vs teacher capability (paper Table 2) and the base's greedy evaluations, once per world: skipped
     when the baseline folder holds the key of this world and these settings (a rebuilt world is measured anew)."""
@@ -67,7 +77,7 @@ def stage_baseline(profile: Profile, root: Path) -> None:
     evaluations = [base_eval_key(config) for config in base_configs(profile, out, root)]
     key = {"world": {k: fingerprint(v) for k, v in world.items()}, "settings": settings, "data": profile.data,
            "base_evaluations": evaluations}
-    if (out / KEY_FILE).is_file() and json.loads((out / KEY_FILE).read_text()) == key:
+    if _holds_key(out, key):
         print(f"baseline: {out} measured this world already; skipped", file=sys.stderr)
         return
     parameters = {**{k: v for k, v in world.items() if k != "control"}, **settings, **profile.data, "out_dir": str(out),
@@ -144,7 +154,7 @@ def stage_kl_bound(profile: Profile, root: Path) -> None:
     """Theorem 1 on Optdigits (notebooks/kl_bound.py) for a profile that asks for it; skipped when its folder
     holds the key of these parameters and this version of the experiment's code."""
     out, key = root / profile.kl_bound["out_dir"], kl_bound_key(profile)
-    if (out / KEY_FILE).is_file() and json.loads((out / KEY_FILE).read_text()) == key:
+    if _holds_key(out, key):
         print(f"kl_bound: {out} holds these results already; skipped", file=sys.stderr)
         return
     print(f"kl_bound: notebooks/kl_bound.py -> {out}", file=sys.stderr)

@@ -29,7 +29,7 @@ from ..data.answer_check import AnswerChecker, LastIntegerChecker, make_checker
 from ..data.problems import Problem, read_problems, write_problems
 from ..data.sources import load_causal_lm, load_tokenizer
 from ..experiment.evaluation import greedy_eval
-from ..experiment.provenance import manifest, write_json_atomic
+from ..experiment.provenance import manifest, read_json, write_json_atomic
 from ..grpo.sampler import SAMPLING_VERSION
 from ..rewards.process import PRMScorer
 from .architectures import ModelSpec, n_parameters, new_mistral, new_qwen3
@@ -374,7 +374,7 @@ BUILDERS: dict[str, Callable[[_Context], dict[str, Any]]] = {
 def read_manifest(out_dir: Path) -> dict[str, Any]:
     """The world's manifest, or an empty one when none was written yet."""
     path = Path(out_dir) / "manifest.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+    return read_json(path) if path.exists() else {}
 
 
 def stale_components(config: WorldConfig, out_dir: Path) -> list[str]:
