@@ -16,7 +16,7 @@ import yaml
 
 from reward_density.analysis.speed import speed_markdown
 from reward_density.experiment.profiles import COMPARISONS, REPO_ROOT, load_profile
-from reward_density.experiment.provenance import code_fingerprint
+from reward_density.experiment.provenance import code_fingerprint, read_json
 from reward_density.run import notebooks, stages
 from reward_density.run.cli import _parser, main
 from reward_density.run.local import gpu_slots, run_matrix
@@ -59,11 +59,6 @@ def profile_of(root: Path):
 def cell_dir(root: Path, name: str) -> Path:
     """A cell's output folder."""
     return root / "outputs" / "tiny" / "cells" / name
-
-
-def read_json(path: Path) -> dict:
-    """A JSON file's content."""
-    return json.loads(path.read_text())
 
 
 def test_filter_globs(root):
@@ -399,6 +394,9 @@ def test_the_benchmark_stage_is_opt_in_and_writes_where_the_analysis_reads(root)
     written = read_json(outputs / "benchmark.json")
     assert written["config"]["hidden"] == 16 and written["environment"]["commit"], "config and commit are recorded"
     assert f"**{written['ours_over_trl']:.2f}x**" in speed_markdown(outputs)
+    (outputs / "benchmark.json").write_text('{"config": ')
+    with pytest.raises(ValueError, match=r"benchmark\.json is not valid JSON"):
+        speed_markdown(outputs)
 
 
 def test_a_kernel_that_never_answers_is_started_again_and_other_errors_are_not_retried(tmp_path, monkeypatch):

@@ -1,9 +1,10 @@
 """The report's speed section: our GRPO step against TRL's GRPOTrainer, from the benchmark's JSON if one was run."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from ..experiment.provenance import read_json
 
 BENCHMARK_FILE = "benchmark.json"  # written into a study's outputs folder by `--stages benchmark`
 
@@ -14,7 +15,7 @@ def speed_markdown(out_dir: str | Path) -> str:
     if not path.is_file():
         return (f"Not measured for this study: `./run_all.sh --stages benchmark,analysis` writes `{BENCHMARK_FILE}` "
                 "here (`python -m reward_density.tools.benchmark`), and the analysis reports it.\n")
-    bench = json.loads(path.read_text())
+    bench = read_json(path)
     env, config = bench["environment"], bench["config"]
     rows = "\n".join(f"| {name} | {value:.1f} |" for name, value in bench["samples_per_cpu_second"].items())
     lines = [
