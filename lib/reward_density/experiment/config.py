@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ..data.answer_check import ANSWER_FORMATS
+from ..grpo.advantages import ADVANTAGE_ESTIMATORS
 from ..grpo.loss import KL_ESTIMATORS, NORMALISATIONS
 from ..grpo.precision import PRECISIONS
-from ..grpo.step import ADVANTAGE_ESTIMATORS
 from ..rewards import REGIMES
 from .checks import (
     Checker,

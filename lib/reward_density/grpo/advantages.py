@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import torch
 
+# group: GRPO's normalisation within each prompt group (Eq. 3-4); prefix_trie: T-SPMO's over the group's token
+# trie (prefix_trie.py).
+ADVANTAGE_ESTIMATORS = ("group", "prefix_trie")
+
 
 def group_normalise(
     token_rewards: torch.Tensor, deposit_mask: torch.Tensor, group_size: int, eps: float

@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerBase
 from ..data.answer_check import has_boxed_answer
 from ..data.problems import Problem
 from ..data.steps import split_steps
-from .advantages import compute_advantages
+from .advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from .deposits import Deposits, RewardModule
 from .logprobs import completion_logprobs, micro_batches
 from .loss import BatchTotals, LossConfig, LossOutput, grpo_loss
@@ -28,7 +28,6 @@ from .sampler import SamplingConfig, sample_rollout, special_token_ids
 from .stacked import StackedPolicy
 from .token_selection import TokenSelection, select_tokens
 
-ADVANTAGE_ESTIMATORS = ("group", "prefix_trie")
 REPLAY_SEED_OFFSET = 500_009  # the replay update's sampling stream, apart from every step's own
 
 

@@ -22,16 +22,11 @@ from .notebooks import NotebookFailed
 from .reachability import WorldUnreachable, check_world
 from .slurm import profile_executor
 from .stage_times import RUN_LOG, StageTimes
-from .stages import (
-    DEFAULT_STAGES,
-    STAGES,
-    stage_analysis,
-    stage_baseline,
-    stage_benchmark,
-    stage_cells,
-    stage_kl_bound,
-    stage_world,
-)
+
+# The stages' order; stages.py itself is imported only to run them: it loads the model code (seconds), which a
+# usage or profile error need not wait for.
+STAGES = ("world", "baseline", "cells", "benchmark", "analysis", "kl_bound")
+DEFAULT_STAGES = tuple(stage for stage in STAGES if stage != "benchmark")  # its minute and a half is not the study's
 
 
 def _parse_stages(text: str) -> list[str]:
@@ -92,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: str | None, jobs: int,
                 slots: list[str] | None, executor) -> int:
     """Run the chosen stages in order, timed; the analysis runs even when some cells failed."""
+    from .stages import stage_analysis, stage_baseline, stage_benchmark, stage_cells, stage_kl_bound, stage_world
+
     ok, timed, cells = True, StageTimes(), None
     try:
         if "world" in stages:

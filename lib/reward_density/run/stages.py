@@ -23,8 +23,6 @@ from .matrix import RunReport, base_answers_dir
 from .notebooks import execute_notebook, existing_notebook
 from .slurm import submit_matrix
 
-STAGES = ("world", "baseline", "cells", "benchmark", "analysis", "kl_bound")
-DEFAULT_STAGES = tuple(stage for stage in STAGES if stage != "benchmark")  # its minute and a half is not the study's
 KEY_FILE = "key.json"  # what a stage folder measured (world fingerprints, settings, code): rerun when it differs
 BASELINE_BATCH = 64  # problems per sampling batch of the capability baseline (each with max(ks) samples)
 
