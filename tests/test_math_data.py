@@ -17,6 +17,7 @@ from reward_density.data.math_data import (
     last_boxed,
     load_math_problems,
 )
+from reward_density.data.problem_sets import heldout_problems
 from reward_density.data.problems import Problem
 
 TEMPLATE = "Solve, and put the answer in \\boxed{}.\n{problem}\nAnswer:"
@@ -113,6 +114,16 @@ def test_local_math_file_gives_problems_with_boxed_golds_and_counts_the_rows_wit
         f"wrong report: {report}"
     )
     assert "4 rows" in report.describe() and "1 without a gold" in report.describe(), report.describe()
+
+
+def test_held_out_problem_ids_that_repeat_are_refused_naming_the_source(tmp_path, checker):
+    rows = [*MATH500_ROWS, {**MATH500_ROWS[0], "problem": "How many more?"}]
+    path = write_jsonl(tmp_path / "math500" / "test.jsonl", rows)
+    with pytest.raises(ValueError, match=r"test\.jsonl: 1 problem id\(s\) repeat among the 3 held-out problems "
+                                         r"\(e\.g\. 'test/prealgebra/1\.json'\)"):
+        heldout_problems(str(path), None, "{problem}", None, checker, log=lambda line: None)
+    assert len(heldout_problems(str(path), None, "{problem}", None, checker, count=2, log=lambda line: None)) == 2, \
+        "only the problems the study evaluates need unique ids"
 
 
 def test_prompt_substitution_keeps_latex_braces_in_template_and_problem(tmp_path):

@@ -6,6 +6,7 @@ holding train.jsonl, dev.jsonl and heldout.jsonl.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -35,10 +36,15 @@ def heldout_problems(
     else:  # a separate held-out dataset has one default config; the training dataset's test split has subsets
         source = heldout or problems
         found = _math_problems(source, "test", prompt_template, None if heldout else subsets, checker, log)
+    what = "held-out" if split == "heldout" else split
     if count is not None and len(found) < count:
-        what = "held-out" if split == "heldout" else split
         raise ValueError(f"{count} {what} problems requested but {source} holds only {len(found)} usable ones")
-    return found[:count]
+    chosen = found[:count]
+    repeated = [problem_id for problem_id, n in Counter(p.problem_id for p in chosen).items() if n > 1]
+    if repeated:  # the analysis pairs the arms' answers by problem id
+        raise ValueError(f"{source}: {len(repeated)} problem id(s) repeat among the {len(chosen)} {what} problems "
+                         f"(e.g. {repeated[0]!r}); each must be unique, as answers are paired across arms by id")
+    return chosen
 
 
 def _math_problems(source, split, prompt_template, subsets, checker, log) -> list[Problem]:
