@@ -17,7 +17,7 @@
 # evaluation. Point `cell` at any folder under `outputs/<profile>/cells/`.
 
 # %% tags=["parameters"]
-cell: str = "outputs/smoke/cells/process-r1-s0"  # a cell folder (relative to the working directory, or absolute)
+cell: str = "outputs/smoke/cells/process-r1-s0"  # a cell folder (relative paths are taken from the repository root)
 top: int = 5  # problems listed among the learned and among the forgotten
 problems: int = 4  # problems whose logged completions are followed over training
 
@@ -27,8 +27,9 @@ from IPython.display import display
 
 from reward_density.analysis.explore import cell_curves, completions_over_training, problem_changes
 from reward_density.analysis.load import load_cell
+from reward_density.experiment.profiles import REPO_ROOT
 
-record = load_cell(cell)
+record = load_cell(REPO_ROOT / cell)  # an absolute path stays as it is
 params = record.params
 state = "finished" if record.summary else f"still running or stopped (step {len(record.history)} so far)"
 print(f"{record.name}: regime {params['regime']}, rank {params['rank']}, seed {params['seed']}, "

@@ -29,7 +29,7 @@ regime: str = "process"  # whose advantages and colours to show: outcome | proce
 problems: int = 2  # sample for the first this many held-out problems
 group_size: int = 4  # completions per problem (GRPO's G): advantages are relative within a problem's group
 seed: int = 0  # the sampling seed
-cell: Optional[str] = None  # a finished cell folder: score the completions it logged instead of sampling
+cell: Optional[str] = None  # a finished cell folder (relative to root): score its logged completions, not samples
 step: Optional[int] = None  # the evaluation whose logged completions to score; None: the cell's last
 show: int = 2  # completions shown token by token
 
@@ -79,7 +79,7 @@ tokenizer = load_tokenizer(config.student)
 student = load_causal_lm(config.student, what="student")
 rewards = {name: load_reward(c, checker, tokenizer) for name, c in configs.items()}
 if cell:
-    logged_step, chosen, texts, truncated = logged_completions(Path(cell), step)
+    logged_step, chosen, texts, truncated = logged_completions(project / cell, step)
     rollout = scored_by(rollout_from_text(tokenizer, chosen, texts, truncated=truncated), student, config.temperature)
     print(f"{len(texts)} greedy completions logged by {Path(cell).name} at step {logged_step}")
 else:
