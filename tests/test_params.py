@@ -16,6 +16,7 @@ from reward_density.experiment.profiles import (
     ProfileError,
     cell_config,
     find_profile,
+    group_configs,
     load_profile,
     resolve_world_entry,
 )
@@ -311,6 +312,19 @@ def test_cell_config_rejects_bad_settings_by_name(settings, message):
 def test_a_rank_that_is_not_a_positive_integer_or_full_is_refused(rank, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         cell_config(load_profile(find_profile("smoke")), "outcome", rank, 0)
+
+
+@pytest.mark.parametrize("ranks, message", [([], "no rank given"), ([1, 1], "two arms would both write outcome-r1-s0"),
+                                            ([1, "full", None], "two arms would both write outcome-rfull-s0")])
+def test_arms_trained_together_each_get_their_own_folder(ranks, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        group_configs(load_profile(find_profile("smoke")), "outcome", ranks, 0)
+
+
+def test_a_sweep_may_train_one_rank_at_several_rates_side_by_side():
+    configs = group_configs(load_profile(find_profile("mini_sweep")), "outcome", [1, 1], 100,
+                            learning_rate=[1e-4, 1e-3])
+    assert len({config.out_dir for config in configs}) == 2, "a sweep's cell names carry the rate"
 
 
 def test_a_profile_may_leave_out_cell_settings_and_gets_the_schema_defaults(tmp_path):

@@ -193,6 +193,8 @@ def group_configs(
     (None: the profile's cells folder under root). learning_rate: one for every arm, one per arm, or None
     (each arm's rate in the profile); a learning-rate sweep's cell names carry the rate."""
     folder = profile.cells_dir(root) if cells_dir is None else resolve_path(cells_dir, root)
+    if not ranks:
+        raise ValueError("no rank given: a LoRA rank, 'full', or a list of them")
     rates = list(learning_rate) if isinstance(learning_rate, (list, tuple)) else [learning_rate] * len(ranks)
     if len(rates) != len(ranks):
         raise ValueError(f"{len(rates)} learning rates for {len(ranks)} ranks: give one, or one per rank")
@@ -200,6 +202,9 @@ def group_configs(
     for rank, rate in zip(ranks, rates):
         rate = profile.matrix.learning_rate_of(regime, parse_rank(rank)) if rate is None else rate
         name = cell_name(regime, parse_rank(rank), seed, rate if profile.matrix.sweeps_rates else None)
+        if any(Path(config.out_dir).name == name for config in configs):
+            raise ValueError(f"two arms would both write {name}: give each arm its own rank (or, in a learning-rate "
+                             "sweep, its own rate)")
         configs.append(cell_config(profile, regime, rank, seed, learning_rate=rate, out_dir=folder / name, root=root,
                                    **settings))
     return configs
