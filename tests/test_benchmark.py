@@ -77,6 +77,7 @@ def test_the_flop_count_takes_the_cpu_attention_at_its_products_and_its_gradient
 @pytest.mark.parametrize("argv, message", [
     (["--ranks", "1,0"], "each rank is a positive integer or 'full', got '0'"),
     (["--ranks", "4,lora"], "got 'lora'"),
+    (["--ranks", "1,full,01"], "rank '01' is given twice"),
     (["--steps", "0"], "need steps >= 1"),
     (["--hidden", "0"], "hidden must be >= 1, got 0"),
 ])

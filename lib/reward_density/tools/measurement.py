@@ -91,7 +91,10 @@ def parse_ranks(text: str) -> tuple[int | None, ...]:
     for item in text.split(",") if text else []:
         if item != "full" and not (item.isdigit() and int(item) >= 1):
             raise argparse.ArgumentTypeError(f"each rank is a positive integer or 'full', got {item!r}")
-        ranks.append(None if item == "full" else int(item))
+        rank = None if item == "full" else int(item)
+        if rank in ranks:
+            raise argparse.ArgumentTypeError(f"rank {item!r} is given twice: each arm once")
+        ranks.append(rank)
     return tuple(ranks)
 
 
