@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from reward_density.experiment.provenance import code_fingerprint, read_json
 from reward_density.run import notebooks, stages
 from reward_density.run.cli import _parser, main
 from reward_density.run.local import gpu_slots, run_matrix
+from reward_density.run.lock import exclusive
 from reward_density.run.matrix import cpu_count, select_cells
 from reward_density.run.notebooks import NotebookFailed
 from reward_density.run.stages import run_stage, stage_benchmark
@@ -268,6 +270,39 @@ def test_kill_and_resume(root, monkeypatch):
     after = summaries(root)
     assert sorted(after) == ["outcome-r1-s0", "outcome-rfull-s0", "process-r1-s0", "process-rfull-s0"]
     assert after["outcome-r1-s0"] == first["outcome-r1-s0"]
+
+
+def test_a_second_run_of_a_profile_is_refused_while_one_is_in_progress_and_its_cells_are_kept(root, capsys):
+    assert run_matrix(profile_of(root), root, TRAIN, cells_filter="outcome-r1-*").finished == ["outcome-r1-s0"]
+    running = cell_dir(root, "outcome-r1-s0")
+    (running / "summary.json").unlink()  # as a cell the first run is still training
+    before = {path.name: path.stat().st_mtime_ns for path in running.iterdir()}
+    with exclusive(root / "outputs" / "tiny", "the first run"):
+        assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells"]) == 2
+    error = capsys.readouterr().err
+    assert f"is in use by pid {os.getpid()}" in error and "a run of profile tiny cannot start" in error, error
+    assert {path.name: path.stat().st_mtime_ns for path in running.iterdir()} == before, \
+        "the second run touched the first run's cell"
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells"]) == 0, "the first run is over"
+
+
+def test_a_world_build_waits_for_another_build_of_that_world(tmp_path, capsys):
+    held, order = threading.Event(), []
+
+    def first() -> None:
+        with exclusive(tmp_path, "the first build"):
+            held.set()
+            time.sleep(0.3)
+            order.append("first done")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    held.wait()
+    with exclusive(tmp_path, "the second build", wait=True):
+        order.append("second starts")
+    thread.join()
+    assert order == ["first done", "second starts"]
+    assert "the second build: waiting for pid" in capsys.readouterr().err
 
 
 def test_the_kl_bound_stage_runs_its_notebook_once_per_parameters(root, capsys):

@@ -4,8 +4,9 @@
         [--executor slurm|local] [--root DIR] [--stages world,baseline,cells,benchmark,analysis]
 
 Cells write into `<root>/outputs/<profile>/cells/<cell name>/`; finished cells are skipped, leftovers of
-killed or failed runs are cleared and rerun (run/matrix.py). With --gpus, each cell process sees only its
-own GPUs: one GPU per cell, or a group when the profile places the teacher or the PRM on cuda:1.
+killed or failed runs are cleared and rerun (run/matrix.py), so a second run of a profile is refused while one
+is in progress (run/lock.py). With --gpus, each cell process sees only its own GPUs: one GPU per cell, or a group
+when the profile places the teacher or the PRM on cuda:1.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from ..experiment.profiles import REPO_ROOT, Profile, find_profile, load_profile, resolve_world_entry
 from .local import gpu_slots
+from .lock import FolderInUse, exclusive
 from .matrix import check_finished_cells, select_cells
 from .notebooks import NotebookFailed
 from .reachability import WorldUnreachable, check_world
@@ -78,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     papermill_log.setLevel(logging.INFO)  # the stage notebooks' own output (world-building progress)
     papermill_log.addFilter(lambda record: not record.getMessage().startswith(("Executing Cell", "Ending Cell")))
     try:
-        return _run_stages(profile, root, args.stages, args.cells, args.jobs, slots, executor)
+        with exclusive(profile.outputs_dir(root), f"a run of profile {profile.name}"):
+            return _run_stages(profile, root, args.stages, args.cells, args.jobs, slots, executor)
+    except FolderInUse as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted: running cells were stopped; rerun to resume", file=sys.stderr)
         return 130

@@ -19,6 +19,7 @@ from ..experiment.baseline import base_configs, base_eval_key
 from ..experiment.profiles import STUDY_SETTINGS, Profile, resolve_world_entry
 from ..experiment.provenance import code_fingerprint, fingerprint, read_json, write_json_atomic
 from .local import run_matrix
+from .lock import exclusive
 from .matrix import RunReport, base_answers_dir
 from .notebooks import execute_notebook, existing_notebook
 from .slurm import submit_matrix
@@ -46,8 +47,9 @@ def stage_world(profile: Profile, root: Path) -> None:
         return
     parameters = {**profile.build_world, "out_dir": str(root / profile.build_world["out_dir"])}
     output = Path(parameters["out_dir"]) / "build_world.ipynb"
-    print(f"world: notebooks/build_world.py -> {output}", file=sys.stderr)
-    run_stage(root / "notebooks" / "build_world.py", output, parameters, root)
+    with exclusive(output.parent, "the world build", wait=True):  # profiles may share a world
+        print(f"world: notebooks/build_world.py -> {output}", file=sys.stderr)
+        run_stage(root / "notebooks" / "build_world.py", output, parameters, root)
 
 
 BASELINE_SETTINGS = ("temperature", "top_p", "max_new_tokens", "device", "teacher_device", "precision")
