@@ -13,6 +13,7 @@ import yaml
 
 from reward_density.experiment.profiles import REPO_ROOT, load_profile
 from reward_density.run.cli import main
+from reward_density.run.lock import LOCK_FILE
 from reward_density.tools.stand_ins import MATH_SUBJECTS, build_paper_stand_ins
 
 CELLS = "process-r256-s0,distillation-rfull-s0,outcome-r1-s0"
@@ -80,4 +81,5 @@ def test_an_unreachable_model_or_dataset_stops_the_run_before_any_cell(root, tmp
     error = capsys.readouterr().err
     assert "world.prm = 'peiyi9979/math-shepherd-mistral-7b-prm'" in error, error
     assert "world.heldout" in error and "no-such-MATH-500" in error, error
-    assert not (tmp_path / "outputs").exists(), "work started although the world cannot be reached"
+    written = [path for path in (tmp_path / "outputs").rglob("*") if path.is_file() and path.name != LOCK_FILE]
+    assert not written, f"work started although the world cannot be reached: {written}"

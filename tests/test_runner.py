@@ -279,7 +279,9 @@ def test_a_second_run_of_a_profile_is_refused_while_one_is_in_progress_and_its_c
     before = {path.name: path.stat().st_mtime_ns for path in running.iterdir()}
     with exclusive(root / "outputs" / "tiny", "the first run"):
         assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells"]) == 2
-    error = capsys.readouterr().err
+        error = capsys.readouterr().err
+        assert main(["--profile", "tiny", "--root", str(root), "--stages", "analysis"]) == 0, \
+            "an analysis may read a run in progress"
     assert f"is in use by pid {os.getpid()}" in error and "a run of profile tiny cannot start" in error, error
     assert {path.name: path.stat().st_mtime_ns for path in running.iterdir()} == before, \
         "the second run touched the first run's cell"

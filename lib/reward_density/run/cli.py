@@ -11,6 +11,7 @@ when the profile places the teacher or the PRM on cuda:1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import subprocess
 import sys
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     papermill_log.setLevel(logging.INFO)  # the stage notebooks' own output (world-building progress)
     papermill_log.addFilter(lambda record: not record.getMessage().startswith(("Executing Cell", "Ending Cell")))
     try:
-        with exclusive(profile.outputs_dir(root), f"a run of profile {profile.name}"):
+        with _study_lock(profile, root, args.stages):
             return _run_stages(profile, root, args.stages, args.cells, args.jobs, slots, executor)
     except FolderInUse as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -88,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: running cells were stopped; rerun to resume", file=sys.stderr)
         return 130
+
+
+def _study_lock(profile: Profile, root: Path, stages: list[str]) -> contextlib.AbstractContextManager:
+    """The profile's lock for a run that measures or trains; an analysis alone may read a run in progress."""
+    if not {"baseline", "cells"} & set(stages):
+        return contextlib.nullcontext()
+    return exclusive(profile.outputs_dir(root), f"a run of profile {profile.name}")
 
 
 def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: str | None, jobs: int,
