@@ -4,9 +4,9 @@
         [--executor slurm|local] [--root DIR] [--stages world,baseline,cells,benchmark,analysis]
 
 Cells write into `<root>/outputs/<profile>/cells/<cell name>/`; finished cells are skipped, leftovers of
-killed or failed runs are cleared and rerun (run/matrix.py), so a second run of a profile is refused while one
-is in progress (run/lock.py). With --gpus, each cell process sees only its own GPUs: one GPU per cell, or a group
-when the profile places the teacher or the PRM on cuda:1.
+killed or failed runs are cleared and rerun (run/matrix.py), so a second run measuring or training a profile is
+refused while one is in progress (run/lock.py). With --gpus, each cell process sees only its own GPUs: one GPU
+per cell, or a group when the profile places the teacher or the PRM on cuda:1.
 """
 from __future__ import annotations
 
