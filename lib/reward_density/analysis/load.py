@@ -63,8 +63,6 @@ def _read_finished(folder: Path) -> dict:
     """One finished cell's summary (with its keys), tables and params; DamagedCell names what is wrong."""
     try:
         summary = read_json(folder / cell_folder.SUMMARY)
-        if missing := {"regime", "seed"} - summary.keys():
-            raise ValueError(f"{cell_folder.SUMMARY} lacks {sorted(missing)}")
         keys = _cell_keys(folder.name, summary)
         tables = {name: _read_csv(folder / file, keys) for name, file in
                   (("history", cell_folder.HISTORY), ("evals", cell_folder.EVALS), ("answers", cell_folder.ANSWERS))}
@@ -90,11 +88,11 @@ def _check_complete(summary: dict, history: pd.DataFrame, evals: pd.DataFrame, a
                          f"{summary['steps']} steps")
     if "scored" not in evals:  # written by every cell (CellWriter.add_eval); absent only from hand-made folders
         return
-    scored = evals.set_index("step")["scored"]
-    answered = answers.groupby("step").size().reindex(scored.index, fill_value=0)
-    if set(answers["step"]) != set(scored.index) or not answered.equals(scored.astype(answered.dtype)):
-        raise ValueError(f"{cell_folder.ANSWERS} holds {answered.to_dict()} answers per step, {cell_folder.EVALS} "
-                         f"says {scored.to_dict()} were scored")
+    answered = answers.groupby("step").size().to_dict()
+    scored = evals.set_index("step")["scored"].to_dict()
+    if answered != scored:
+        raise ValueError(f"{cell_folder.ANSWERS} holds {answered} answers per step, {cell_folder.EVALS} says {scored} "
+                         "were scored")
 
 
 @dataclass(frozen=True)
@@ -139,6 +137,8 @@ def read_completions(folder: str | Path) -> pd.DataFrame:
 
 def _cell_keys(name: str, summary: dict) -> dict:
     """The key columns of one cell, taken from its summary."""
+    if missing := {"regime", "seed"} - summary.keys():
+        raise ValueError(f"{cell_folder.SUMMARY} lacks {sorted(missing)}")
     rank = summary.get("rank")
     return {"cell": name, "regime": summary["regime"], "rank": rank, "arm": arm_name(rank), "seed": summary["seed"],
             "learning_rate": summary.get("learning_rate")}

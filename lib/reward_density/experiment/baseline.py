@@ -80,11 +80,11 @@ def _read_saved(path: Path) -> dict | None:
     try:
         saved = read_json(path)
     except ValueError as error:
-        saved, problem = None, str(error)
+        problem = str(error)
     else:
+        if isinstance(saved, dict) and {"pass1", "rows"} <= saved.keys():
+            return saved
         problem = f"{path} lacks pass1 or rows"
-    if isinstance(saved, dict) and {"pass1", "rows"} <= saved.keys():
-        return saved
     warnings.warn(f"the saved base evaluation is unusable, so the base model is evaluated again: {problem}",
                   stacklevel=2)
     return None
