@@ -25,10 +25,11 @@ problems: int = 4  # problems whose logged completions are followed over trainin
 import pandas as pd
 from IPython.display import display
 
-from reward_density.analysis.explore import cell_curves, completions_over_training, problem_changes
+from reward_density.analysis.explore import cell_curves, check_counts, completions_over_training, problem_changes
 from reward_density.analysis.load import load_cell
 from reward_density.experiment.profiles import REPO_ROOT
 
+check_counts(top=top, problems=problems)
 record = load_cell(REPO_ROOT / cell)  # an absolute path stays as it is
 params = record.params
 state = "finished" if record.summary else f"still running or stopped (step {len(record.history)} so far)"

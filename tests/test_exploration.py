@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from reward_density.analysis.explore import completions_over_training, problem_changes
+from reward_density.analysis.explore import check_counts, completions_over_training, problem_changes
 from reward_density.analysis.load import load_cell
 from reward_density.analysis.reward_debug import completion_table, token_table, trace_rewards, verdict_reason
 from reward_density.data.answer_check import Verdict
@@ -133,6 +133,12 @@ def test_learned_problems_come_first_and_forgotten_last():
     table = problem_changes(answers)
     assert table["problem_id"].tolist() == ["a", "c", "b"]
     assert table["change"].tolist() == [1, 0, -1]
+
+
+@pytest.mark.parametrize("value", [-1, 2.5, True, "5"])
+def test_a_count_that_is_not_a_whole_number_is_named(value):
+    with pytest.raises(ValueError, match=f"top must be a whole number >= 0, got {value!r}"):
+        check_counts(top=value, problems=4)
 
 
 def test_completions_are_followed_per_problem_over_the_evaluations():

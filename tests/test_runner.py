@@ -207,6 +207,16 @@ def test_cli_bad_profile_exits_2_before_any_work(root, capsys):
     assert not (root / "outputs" / "tiny").exists()
 
 
+def test_a_ctrl_c_while_the_command_line_loads_says_so_in_one_line(root):
+    command = [sys.executable, "-m", "reward_density.run", "--profile", "tiny", "--root", str(root)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # inside the imports: torch alone takes seconds
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert (process.returncode, err) == (130, "interrupted before the run started\n"), err
+    assert not (root / "outputs" / "tiny").exists()
+
+
 def test_cli_missing_stage_notebook(root, capsys):
     assert main(["--profile", "tiny", "--root", str(root), "--stages", "world"]) == 1
     assert "notebooks/build_world.py does not exist" in capsys.readouterr().err

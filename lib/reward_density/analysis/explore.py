@@ -11,6 +11,13 @@ from .load import OneCell
 CURVES = ("reward_mean", "advantage_std", "kl_ref", "len_mean", "grad_norm", "loss")  # per-step, where present
 
 
+def check_counts(**counts: int) -> None:
+    """Refuse a count parameter that is not a whole number >= 0 (pandas' head(-1) would quietly drop a row)."""
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+
+
 def cell_curves(cell: OneCell) -> Figure:
     """Held-out greedy pass@1 over the evaluations, then each per-step metric the cell recorded."""
     curves = [c for c in CURVES if c in cell.history]
