@@ -41,9 +41,10 @@ def test_the_setting_comes_from_the_paper_profile(report):
     assert setting["cache_positions"] == 8 + 1536, "the cache holds the prompt and the paper's length cap"
 
 
-@pytest.mark.parametrize("args, message", [(["--warmup", "0"], "0 < warmup < tokens"),
-                                           (["--tokens", "8", "--warmup", "2"], "tokens >= 12"),
-                                           (["--scale", "huge"], "invalid choice")])
+@pytest.mark.parametrize("args, message", [(["--device", "cpu", "--warmup", "0"], "0 < warmup < tokens"),
+                                           (["--device", "cpu", "--tokens", "8", "--warmup", "2"], "tokens >= 12"),
+                                           (["--scale", "huge"], "invalid choice"),
+                                           (["--device", "cuda:99"], "CUDA device(s) here")])
 def test_bad_settings_are_refused_by_name(args, message, capsys):
     with pytest.raises(SystemExit):
         db.parse_args(args)

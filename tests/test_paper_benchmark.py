@@ -144,7 +144,9 @@ def test_the_paper_steps_floor_on_h100_ceilings_is_the_issues_hand_estimate_of_a
 
 @pytest.mark.parametrize("argv, message", [
     (["--trl-ranks", "0"], "argument --trl-ranks: each rank is a positive integer or 'full', got '0'"),
-    (["--regimes", "outcome,dense"], "unknown regimes ['dense']"),
+    (["--device", "cpu", "--regimes", "outcome,dense"], "unknown regimes ['dense']"),
+    (["--device", "gpu"], "argument --device: 'gpu' is not a torch device"),
+    (["--device", "cuda:99"], "argument --device: 'cuda:99': torch"),
 ])
 def test_bad_paper_benchmark_arguments_are_usage_errors_that_name_the_problem(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -41,7 +41,7 @@ from ..grpo.qwen3 import Decoder, Qwen3Weights, weights_of
 from ..grpo.sampler import SamplingConfig, _pick
 from .gpu_memory import PROMPT_TOKENS
 from .levers import FoldedDecoder, GraphedFoldedDecoder, compiled_decoder, uncached_compiles
-from .measurement import attempt, environment, free_memory, on_cuda, quiet, synchronize, write_report
+from .measurement import attempt, environment, free_memory, on_cuda, parse_device, quiet, synchronize, write_report
 from .paper_benchmark import PROFILED_TOKENS, SCALES, profile_per_token, random_model, student_tokenizer
 
 FIXED_TOKENS = 12  # tokens fed back without a draw before the steps' logits are compared
@@ -216,7 +216,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BreakdownConfig, Path
     defaults = BreakdownConfig()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", default=defaults.scale, choices=sorted(SCALES))
-    parser.add_argument("--device", default=defaults.device)
+    parser.add_argument("--device", type=parse_device, default=defaults.device)
     for name in ("tokens", "warmup", "prompt_tokens", "seed"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     parser.add_argument("--compile-modes", default=",".join(defaults.compile_modes),

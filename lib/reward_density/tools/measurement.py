@@ -98,6 +98,19 @@ def parse_ranks(text: str) -> tuple[int | None, ...]:
     return tuple(ranks)
 
 
+def parse_device(text: str) -> str:
+    """A torch device this machine has ('cuda', 'cuda:1', 'cpu'), refused up front when it has none."""
+    try:
+        device = torch.device(text)
+    except RuntimeError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device ({error})") from None
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: torch {torch.__version__} sees {torch.cuda.device_count()} CUDA device(s) here; on a machine "
+            "without a GPU, '--scale tiny --device cpu' runs the small check CI runs")
+    return text
+
+
 def free_memory(device: str | torch.device) -> None:
     """Drop unreferenced tensors and, on CUDA, return the cached blocks, so the next measurement starts clean."""
     gc.collect()

@@ -68,6 +68,7 @@ from .measurement import (
     free_memory,
     median_seconds,
     on_cuda,
+    parse_device,
     parse_ranks,
     quiet,
     synchronize,
@@ -587,7 +588,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[PaperBenchConfig, Pat
     defaults = PaperBenchConfig()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", default=defaults.scale, choices=sorted(SCALES))
-    parser.add_argument("--device", default=defaults.device)
+    parser.add_argument("--device", type=parse_device, default=defaults.device)
     for name in ("steps", "trl_steps", "max_new_tokens", "prompt_tokens", "seed"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     for name in ("ranks", "trl_ranks"):
