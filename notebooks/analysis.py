@@ -22,6 +22,7 @@ profile = "smoke"
 outputs_dir = "outputs/smoke"
 equivalence_margin = 0.05
 confidence = 0.95
+planned_cells = None  # the profile's cell names (the runner passes them), so that a partial report says so
 
 # %%
 from IPython.display import Image, Markdown, display
@@ -177,6 +178,6 @@ display(Image(figures / "kl_vs_rank.png"))
 # The tables (CSV and markdown), the figures and `report.md` tying them together, under `<outputs_dir>`.
 
 # %%
-report_path = report.write_report(cells, report_dir, equivalence_margin, confidence, profile)
+report_path = report.write_report(cells, report_dir, equivalence_margin, confidence, profile, planned_cells)
 print(report_path)
 display(Markdown(report_path.read_text()))

@@ -267,6 +267,20 @@ def test_partial_matrices_still_report(tmp_path, setup):
     assert all((tmp_path / "analysis" / "figures" / f"{f}.png").is_file() for f in FIGURES)
 
 
+def test_a_report_of_part_of_the_profiles_matrix_names_the_planned_cells_that_have_not_finished(tmp_path):
+    write_cell(tmp_path, "outcome", 1, 0, 5)
+    write_cell(tmp_path, "outcome", None, 0, 6)
+    cells = load_cells(tmp_path)
+    planned = ["outcome-r1-s0", "outcome-rfull-s0", "process-r1-s0", "process-rfull-s0"]
+    text = write_report(cells, tmp_path / "a", margin=0.05, profile_name="tiny", planned=planned).read_text()
+    assert ("**Partial:** 2 of the 4 cells the profile plans have not finished (process-r1-s0, process-rfull-s0); "
+            "every table below covers the finished cells only.") in text, text[:600]
+    whole = write_report(cells, tmp_path / "b", margin=0.05, profile_name="tiny", planned=planned[:2]).read_text()
+    assert "Every one of the 2 cells the profile plans has finished." in whole and "Partial" not in whole
+    unknown = write_report(cells, tmp_path / "c", margin=0.05, profile_name="tiny").read_text()
+    assert "plans" not in unknown, "without the profile's plan the report says nothing about it"
+
+
 def test_the_report_shows_the_benchmark_ratio_when_one_was_run_and_says_how_when_not(outputs, tmp_path):
     cells, out = load_cells(outputs), tmp_path / "analysis"
 

@@ -74,6 +74,8 @@ def test_the_analysis_of_the_smoke_study_writes_its_tables_and_report(root):
     accuracy = pd.read_csv(outputs / "accuracy.csv")
     assert set(accuracy["regime"]) >= {"outcome", "distillation"}
     assert (outputs / "analysis.ipynb").is_file() and (outputs / "figures").is_dir()
+    planned = len(SMOKE.cells())
+    assert f"Every one of the {planned} cells the profile plans has finished." in (outputs / "report.md").read_text()
     cell = outputs / "cells" / "process-r1-s0"
     history = pd.read_csv(cell / "history.csv")
     assert list(history["step"]) == list(range(1, SMOKE.cell["steps"] + 1))

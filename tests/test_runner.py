@@ -4,12 +4,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -207,14 +209,23 @@ def test_cli_bad_profile_exits_2_before_any_work(root, capsys):
     assert not (root / "outputs" / "tiny").exists()
 
 
-def test_a_ctrl_c_while_the_command_line_loads_says_so_in_one_line(root):
-    command = [sys.executable, "-m", "reward_density.run", "--profile", "tiny", "--root", str(root)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)  # inside the imports: torch alone takes seconds
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=60)
-    assert (process.returncode, err) == (130, "interrupted before the run started\n"), err
-    assert not (root / "outputs" / "tiny").exists()
+def test_a_ctrl_c_while_the_command_line_loads_says_so_in_one_line(monkeypatch, capsys):
+    loading = types.ModuleType("reward_density.run.cli")
+
+    def interrupted(name: str):
+        if name == "main":  # `from .cli import main`: a Ctrl-C that lands while the imports (seconds) run
+            raise KeyboardInterrupt
+        raise AttributeError(name)
+
+    loading.__getattr__ = interrupted
+    monkeypatch.setitem(sys.modules, "reward_density.run.cli", loading)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            runpy.run_module("reward_density.run", run_name="__main__")
+    except KeyboardInterrupt:
+        pytest.fail("the Ctrl-C escaped the command line as a KeyboardInterrupt traceback")
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err == "interrupted before the run started\n"
 
 
 def test_cli_missing_stage_notebook(root, capsys):
@@ -249,7 +260,8 @@ def test_cli_analysis_stage(root, capsys):
     outputs = root / "outputs" / "tiny"
     report = read_json(outputs / "report.md")
     assert report == {"profile": "tiny", "outputs_dir": str(outputs), "equivalence_margin": 0.05,
-                      "confidence": 0.95, "finished": []}
+                      "confidence": 0.95, "finished": [],
+                      "planned_cells": ["outcome-r1-s0", "outcome-rfull-s0", "process-r1-s0", "process-rfull-s0"]}
     assert str(outputs / "report.md") in capsys.readouterr().err
 
 
@@ -407,7 +419,8 @@ def test_a_replication_is_analysed_as_a_study_then_set_beside_the_study_it_repli
                         lambda path, output, parameters, root: stages_run.append((path.name, parameters)))
     stages.stage_analysis(load_profile(REPO_ROOT / "params" / "mini_world1.yaml"), tmp_path)
     (study, parameters), (comparison, compared) = stages_run
-    assert study == "analysis.py" and set(parameters) == {"profile", "outputs_dir", "equivalence_margin", "confidence"}
+    assert study == "analysis.py"
+    assert set(parameters) == {"profile", "outputs_dir", "equivalence_margin", "confidence", "planned_cells"}
     assert comparison == "replication.py"
     assert (compared["replicates"], compared["replicates_dir"]) == ("mini", str(tmp_path / "outputs" / "mini"))
     assert compared["outputs_dir"] == str(tmp_path / "outputs" / "mini_world1")

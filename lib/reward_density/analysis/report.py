@@ -1,6 +1,7 @@
 """The markdown report of a study: its tables, its figures and what ran."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..experiment.config import parse_cell_name
@@ -63,14 +64,29 @@ def _ranks_sentence(cells: Cells) -> str:
     return sentence
 
 
+MISSING_SHOWN = 8  # unfinished cells a partial report names, before "..."
+
+
+def _planned_sentence(cells: Cells, planned: Sequence[str]) -> str:
+    """How much of the profile's matrix the report covers, naming the planned cells that have not finished."""
+    finished = set(cells.summaries["cell"]) if "cell" in cells.summaries else set()
+    missing = [name for name in planned if name not in finished]
+    if not missing:
+        return f"Every one of the {len(planned)} cells the profile plans has finished."
+    shown = ", ".join(missing[:MISSING_SHOWN]) + (", ..." if len(missing) > MISSING_SHOWN else "")
+    return (f"**Partial:** {len(missing)} of the {len(planned)} cells the profile plans have not finished ({shown}); "
+            "every table below covers the finished cells only.")
+
+
 EQUIVALENCE_FIGURE = "equivalence"  # the verdicts at a glance, drawn from the equivalence table
 INTERVAL = ("two-way random-effects interval over seeds and problems (crossed): Student's t with Satterthwaite's "
             "degrees of freedom, which widens with few seeds (statistics.py)")
 
 
 def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: float = 0.95,
-                 profile_name: str = "") -> Path:
-    """Write the tables (CSV and markdown), the figures and report.md under out_dir; return report.md's path."""
+                 profile_name: str = "", planned: Sequence[str] | None = None) -> Path:
+    """Write the tables (CSV and markdown), the figures and report.md under out_dir; return report.md's path.
+    `planned`: the profile's cell names, when known, so that a report of part of the matrix says so."""
     out = Path(out_dir)
     (out / "figures").mkdir(parents=True, exist_ok=True)
     tables = report_tables(cells, margin, confidence)
@@ -81,7 +97,7 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
     for name, plot in FIGURES.items():
         plot(cells, out / "figures" / f"{name}.png")
     report = out / "report.md"
-    report.write_text("\n".join([*_header(cells, profile_name), *_comparison_sections(tables, margin, confidence),
+    report.write_text("\n".join([*_header(cells, profile_name, planned), *_comparison_sections(tables, margin, confidence),
                                  *_dynamics_sections(tables, out, confidence)]))
     return report
 
@@ -98,8 +114,8 @@ def report_tables(cells: Cells, margin: float, confidence: float) -> dict[str, T
     return tables
 
 
-def _header(cells: Cells, profile_name: str) -> list[str]:
-    """The title, what ran, and the ranks."""
+def _header(cells: Cells, profile_name: str, planned: Sequence[str] | None) -> list[str]:
+    """The title, what ran (and, when known, what the profile planned), and the ranks."""
     counts = matrix_counts(cells)
     return [
         f"# Reward density vs LoRA rank: analysis ({profile_name or 'unnamed profile'})",
@@ -107,6 +123,7 @@ def _header(cells: Cells, profile_name: str) -> list[str]:
         f"Finished cells: {counts['finished']} of {counts['matrix']} = {counts['regimes']} regimes × "
         f"{counts['arms']} arms × {seeds_phrase(counts['seeds'])} seeds seen in cells/ "
         f"(unfinished folders: {counts['unfinished']}).",
+        *([_planned_sentence(cells, planned)] if planned is not None else []),
         _ranks_sentence(cells),
         "",
     ]

@@ -125,7 +125,8 @@ def stage_analysis(profile: Profile, root: Path) -> None:
         parameters = {"profile": profile.name, "outputs_dir": str(outputs),
                       "choose_rate_by": profile.analysis["choose_rate_by"]}
     else:
-        notebook, parameters, written = "analysis.py", analysis_parameters(profile, root), "report.md"
+        notebook, written = "analysis.py", "report.md"
+        parameters = {**analysis_parameters(profile, root), "planned_cells": [cell.name for cell in profile.cells()]}
     output = outputs / notebook.replace(".py", ".ipynb")
     run_stage(root / "notebooks" / notebook, output, parameters, root)
     print(f"analysis: {output}\nreport: {outputs / written}", file=sys.stderr)
