@@ -97,7 +97,8 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
     for name, plot in FIGURES.items():
         plot(cells, out / "figures" / f"{name}.png")
     report = out / "report.md"
-    report.write_text("\n".join([*_header(cells, profile_name, planned), *_comparison_sections(tables, margin, confidence),
+    report.write_text("\n".join([*_header(cells, profile_name, planned),
+                                 *_comparison_sections(tables, margin, confidence),
                                  *_dynamics_sections(tables, out, confidence)]))
     return report
 
