@@ -281,6 +281,21 @@ def test_a_report_of_part_of_the_profiles_matrix_names_the_planned_cells_that_ha
     assert "plans" not in unknown, "without the profile's plan the report says nothing about it"
 
 
+def test_the_report_says_which_code_packages_and_device_trained_its_cells_and_counts_each(tmp_path):
+    for seed in (0, 1, 2):
+        write_cell(tmp_path, "outcome", None, seed, 6)
+    versions = {"torch": "2.13.0+cpu", "transformers": "5.24.0", "peft": "0.21.2", "trl": "1.16.0", "numpy": "2"}
+    for seed, dirty, device in ((0, False, "AMD EPYC (AVX-512), 2 torch threads"),
+                                (1, True, "AMD EPYC (AVX2), 2 torch threads")):
+        manifest = {"git": {"commit": "a" * 40, "dirty": dirty}, "versions": versions, "device": device}
+        (tmp_path / "cells" / f"outcome-rfull-s{seed}" / "manifest.json").write_text(json.dumps(manifest))
+    text = write_report(load_cells(tmp_path), tmp_path / "a", margin=0.05, profile_name="tiny").read_text()
+    assert ("Trained by (each cell's manifest.json): code aaaaaaaaaaaa (1 cell), aaaaaaaaaaaa with uncommitted "
+            "changes (1 cell), no commit recorded (1 cell); torch 2.13.0+cpu, transformers 5.24.0, peft 0.21.2, "
+            "trl 1.16.0 (2 cells), no versions recorded (1 cell); on AMD EPYC (AVX-512), 2 torch threads (1 cell), "
+            "AMD EPYC (AVX2), 2 torch threads (1 cell), no device recorded (1 cell).") in text, text[:900]
+
+
 def test_the_report_shows_the_benchmark_ratio_when_one_was_run_and_says_how_when_not(outputs, tmp_path):
     cells, out = load_cells(outputs), tmp_path / "analysis"
 

@@ -25,6 +25,7 @@ class Cells:
     answers: pd.DataFrame
     dev_evals: pd.DataFrame  # one row per dev evaluation of the cells that scored dev problems (dev_problems)
     params: dict[str, dict]
+    manifests: dict[str, dict]  # each finished cell's manifest.json (commit, packages, device); {} where absent
     unfinished: tuple[str, ...]
 
 
@@ -55,6 +56,7 @@ def load_cells(outputs_dir: str | Path) -> Cells:
         answers=answers,
         dev_evals=_concat(dev_evals) if dev_evals else _with_key_types(pd.DataFrame(columns=[*KEYS, "step", "pass1"])),
         params={folder.name: cell["params"] for folder, cell in zip(finished, cells)},
+        manifests={folder.name: cell["manifest"] for folder, cell in zip(finished, cells)},
         unfinished=tuple(p.name for p in folders if p not in finished),
     )
 
@@ -67,10 +69,11 @@ def _read_finished(folder: Path) -> dict:
         tables = {name: _read_csv(folder / file, keys) for name, file in
                   (("history", cell_folder.HISTORY), ("evals", cell_folder.EVALS), ("answers", cell_folder.ANSWERS))}
         dev = folder / cell_folder.DEV_EVALS
-        params = folder / cell_folder.PARAMS
+        params, manifest = folder / cell_folder.PARAMS, folder / cell_folder.MANIFEST
         cell = {"summary": {**summary, **keys}, **tables,
                 "dev_evals": _read_csv(dev, keys) if dev.is_file() else None,
-                "params": read_json(params) if params.is_file() else {}}
+                "params": read_json(params) if params.is_file() else {},
+                "manifest": read_json(manifest) if manifest.is_file() else {}}
         _check_complete(summary, tables["history"], tables["evals"], tables["answers"])
     except (OSError, ValueError) as error:
         raise DamagedCell(

@@ -1,9 +1,11 @@
 """The markdown report of a study: its tables, its figures and what ran."""
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..experiment import cell_folder
 from ..experiment.config import parse_cell_name
 from .dynamics import collapse_table, plateau_table
 from .kl import END_FRACTION, ESTIMATOR, kl_table
@@ -78,6 +80,36 @@ def _planned_sentence(cells: Cells, planned: Sequence[str]) -> str:
             "every table below covers the finished cells only.")
 
 
+PROVENANCE_PACKAGES = ("torch", "transformers", "peft", "trl")  # those whose version changes what a cell computes
+
+
+def _counted(values: list[str]) -> str:
+    """'a (3 cells), b (1 cell)': each distinct value with how many cells share it, the commonest first."""
+    return ", ".join(f"{value} ({n} cell{'s' * (n > 1)})" for value, n in Counter(values).most_common())
+
+
+def provenance_sentence(cells: Cells) -> str:
+    """Which code, packages and device trained the finished cells, from their manifests; more than one of any
+    shows with its count, so a study resumed elsewhere or at another commit says so."""
+    manifests = [cells.manifests[name] for name in sorted(cells.manifests)]
+
+    def code(manifest: dict) -> str:
+        git = manifest.get("git") or {}
+        if not git.get("commit"):
+            return "no commit recorded"
+        return git["commit"][:12] + (" with uncommitted changes" if git.get("dirty") else "")
+
+    def packages(manifest: dict) -> str:
+        versions = manifest.get("versions")
+        if not versions:
+            return "no versions recorded"
+        return ", ".join(f"{name} {versions.get(name, '?')}" for name in PROVENANCE_PACKAGES)
+
+    return (f"Trained by (each cell's {cell_folder.MANIFEST}): code {_counted([code(m) for m in manifests])}; "
+            f"{_counted([packages(m) for m in manifests])}; "
+            f"on {_counted([m.get('device', 'no device recorded') for m in manifests])}.")
+
+
 EQUIVALENCE_FIGURE = "equivalence"  # the verdicts at a glance, drawn from the equivalence table
 INTERVAL = ("two-way random-effects interval over seeds and problems (crossed): Student's t with Satterthwaite's "
             "degrees of freedom, which widens with few seeds (statistics.py)")
@@ -126,6 +158,7 @@ def _header(cells: Cells, profile_name: str, planned: Sequence[str] | None) -> l
         f"(unfinished folders: {counts['unfinished']}).",
         *([_planned_sentence(cells, planned)] if planned is not None else []),
         _ranks_sentence(cells),
+        provenance_sentence(cells),
         "",
     ]
 
