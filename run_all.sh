@@ -84,7 +84,15 @@ case "${1:-}" in
            exit 2
          fi
          setup; exec "$VENV/bin/tensorboard" --logdir "outputs/$board_profile/cells" ;;
-  papers) shift; setup; for profile in "${PAPERS[@]}"; do run_study --profile "$profile" "$@"; done ;;
+  papers) shift; setup
+          for profile in "${PAPERS[@]}"; do
+            status=0; run_study --profile "$profile" "$@" || status=$?
+            if [ "$status" -ne 0 ]; then  # the profiles after it may compare with its results: stop here
+              echo "papers: stopped after profile $profile (exit $status); rerun ./run_all.sh papers to resume" \
+                   "(finished cells are skipped)" >&2
+              exit "$status"
+            fi
+          done ;;
   -h|--help) echo "usage: ./run_all.sh [setup | test [pytest args] | goldens | lab | board [PROFILE] | papers | [runner options]]" >&2
              setup >/dev/null; "$PY" -m reward_density.run --help ;;
   ""|--*) setup; run_study "$@" ;;

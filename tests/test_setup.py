@@ -1,4 +1,5 @@
 """The set-up files agree with each other: conda mirrors pip, CI calls the README's test command."""
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -34,3 +35,24 @@ def test_the_board_of_a_profile_that_does_not_exist_is_refused_with_the_profiles
     done = subprocess.run([str(ROOT / "run_all.sh"), "board", "minii"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, f"TensorBoard would serve an empty board for a mistyped profile: {done.stderr}"
     assert "no profile params/minii.yaml" in done.stderr and " mini " in done.stderr, done.stderr
+
+
+def test_papers_stops_at_a_profile_that_fails_and_says_where_and_how_to_resume(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    log = tmp_path / "profiles.log"
+    # A stand-in interpreter: `-c import torch` succeeds; a study run logs its profile and fails on mini_klfree.
+    (venv / "bin" / "python").write_text(f"""#!/usr/bin/env bash
+[ "$1" = -c ] && exit 0
+profile="$(echo "$@" | sed 's/.*--profile \\([^ ]*\\).*/\\1/')"  # the last --profile given wins
+echo "$profile" >> {log}
+[ "$profile" = mini_klfree ] && exit 1
+exit 0
+""")
+    (venv / "bin" / "python").chmod(0o755)
+    (venv / ".reward-density-installed").touch()  # set-up done: no install
+    done = subprocess.run([str(ROOT / "run_all.sh"), "papers"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "VENV": str(venv)})
+    assert done.returncode == 1
+    assert log.read_text().split() == ["mini", "mini_klfree"], "the profiles after a failed one must not run"
+    assert "papers: stopped after profile mini_klfree (exit 1)" in done.stderr, done.stderr
