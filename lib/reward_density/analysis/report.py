@@ -88,7 +88,7 @@ def _counted(values: list[str]) -> str:
     return ", ".join(f"{value} ({n} cell{'s' * (n > 1)})" for value, n in Counter(values).most_common())
 
 
-def provenance_sentence(cells: Cells) -> str:
+def _provenance_sentence(cells: Cells) -> str:
     """Which code, packages and device trained the finished cells, from their manifests; more than one of any
     shows with its count, so a study resumed elsewhere or at another commit says so."""
     manifests = [cells.manifests[name] for name in sorted(cells.manifests)]
@@ -158,7 +158,7 @@ def _header(cells: Cells, profile_name: str, planned: Sequence[str] | None) -> l
         f"(unfinished folders: {counts['unfinished']}).",
         *([_planned_sentence(cells, planned)] if planned is not None else []),
         _ranks_sentence(cells),
-        provenance_sentence(cells),
+        _provenance_sentence(cells),
         "",
     ]
 
