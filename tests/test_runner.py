@@ -122,7 +122,7 @@ def test_a_finished_cell_with_a_damaged_params_file_is_named_and_kept(root, caps
     assert (cell_dir(root, "outcome-r1-s0") / "summary.json").is_file(), "the finished cell was touched"
 
 
-def test_stacked_arms_run_as_one_job_whose_notebook_and_log_are_the_groups(root, monkeypatch):
+def test_stacked_arms_run_as_one_job_whose_notebook_and_log_are_the_groups(root, monkeypatch, capsys):
     path = root / "params" / "tiny.yaml"
     path.write_text(path.read_text().replace("engine: peft", "engine: stacked"))
     (cell_dir(root, "outcome-rfull-s0") / "summary.json").parent.mkdir(parents=True)
@@ -130,6 +130,8 @@ def test_stacked_arms_run_as_one_job_whose_notebook_and_log_are_the_groups(root,
     report = run_matrix(profile_of(root), root, TRAIN, jobs=2)
     assert report.ok and sorted(report.finished) == ["outcome-r1-s0", "process-r1-s0", "process-rfull-s0"]
     assert report.skipped == ["outcome-rfull-s0"]
+    note = "note: 1 stacked group(s) train without some of their arms (outcome-s0: 1 of 2 arms)"
+    assert note in capsys.readouterr().err, "an arm trained without its finished neighbour must be flagged"
     process = read_json(cell_dir(root, "process-r1-s0") / "params.json")
     assert process["arms"] == [1, "full"], "a regime and seed's unfinished arms train in one notebook run"
     assert read_json(cell_dir(root, "outcome-r1-s0") / "params.json")["arms"] == [1]

@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,7 +148,25 @@ def pending_jobs(profile: Profile, root: Path, cells_filter: str | None) -> tupl
     groups: dict[tuple[str, int], list[MatrixCell]] = {}
     for cell in pending:
         groups.setdefault((cell.regime, cell.seed), []).append(cell)
-    return [Job(tuple(cells)) for cells in groups.values()], report
+    jobs = [Job(tuple(cells)) for cells in groups.values()]
+    if partial := partial_groups(profile, jobs):
+        tqdm.write(f"note: {len(partial)} stacked group(s) train without some of their arms ({', '.join(partial[:4])}"
+                   f"{', ...' if len(partial) > 4 else ''}): an arm's numbers depend, to rounding, on the arms trained "
+                   "beside it, and RL carries that further, so these arms reproduce a run of their whole group "
+                   "statistically, not bit for bit (README, Reproducibility)", file=sys.stderr)
+    return jobs, report
+
+
+def partial_groups(profile: Profile, jobs: list[Job]) -> list[str]:
+    """The stacked jobs that train only some of their regime and seed's arms (the others finished, or not selected
+    by --cells), each as 'outcome-s0: 1 of 6 arms'."""
+    arms = Counter((cell.regime, cell.seed) for cell in profile.cells())
+    partial = []
+    for job in jobs:
+        regime, seed = job.cells[0].regime, job.cells[0].seed
+        if len(job.cells) < arms[regime, seed]:
+            partial.append(f"{regime}-s{seed}: {len(job.cells)} of {arms[regime, seed]} arms")
+    return partial
 
 
 def fresh_folder(folder: Path) -> Path:
