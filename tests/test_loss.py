@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reward_density.grpo.loss import LossConfig, grpo_loss
+from reward_density.grpo.loss import LossConfig, grpo_loss, kl_penalty
 
 EPSILON = 0.2
 GRPO = Path(__file__).resolve().parents[1] / "lib" / "reward_density" / "grpo"
@@ -151,3 +151,16 @@ def test_no_regime_name_appears_in_the_loss_or_advantage_code(module):
     source = ast.unparse(tree).lower()
     found = [name for name in ("outcome", "process", "distillation", "regime") if name in source]
     assert not found, f"{module} mentions {found}: the loss must branch on deposits and masks only"
+
+
+def test_the_paper_kl_term_pushes_at_the_reference_where_k3_is_flat():
+    """Eq. 5's one-sided clamp is not flat at pi = pi_ref, where every arm starts: on a token whose log-ratio comes
+    out >= 0 its gradient is pi (in log pi), on one rounded just below 0 it is 0. k3's gradient there is 0. This is
+    why rounding that differs between runs changes an arm's first step (README, Reproducibility)."""
+    ref = torch.log(torch.tensor([0.5, 0.2, 0.3], dtype=torch.float64))
+    offsets = torch.tensor([0.0, 1e-9, -1e-9], dtype=torch.float64)  # equal, rounded up, rounded down
+    for estimator, expected in (("paper", [0.5, 0.2, 0.0]), ("k3", [0.0, 0.0, 0.0])):
+        logps = (ref + offsets).requires_grad_()
+        kl_penalty(logps, ref, estimator).sum().backward()
+        torch.testing.assert_close(logps.grad, torch.tensor(expected, dtype=torch.float64), atol=1e-8, rtol=0,
+                                   msg=f"{estimator}: gradient at the reference")
