@@ -149,7 +149,7 @@ def pending_jobs(profile: Profile, root: Path, cells_filter: str | None) -> tupl
     for cell in pending:
         groups.setdefault((cell.regime, cell.seed), []).append(cell)
     jobs = [Job(tuple(cells)) for cells in groups.values()]
-    if partial := partial_groups(profile, jobs):
+    if partial := _partial_groups(profile, jobs):
         tqdm.write(f"note: {len(partial)} stacked group(s) train without some of their arms ({', '.join(partial[:4])}"
                    f"{', ...' if len(partial) > 4 else ''}): an arm's numbers depend, to rounding, on the arms trained "
                    "beside it, and RL carries that further, so these arms reproduce a run of their whole group "
@@ -157,7 +157,7 @@ def pending_jobs(profile: Profile, root: Path, cells_filter: str | None) -> tupl
     return jobs, report
 
 
-def partial_groups(profile: Profile, jobs: list[Job]) -> list[str]:
+def _partial_groups(profile: Profile, jobs: list[Job]) -> list[str]:
     """The stacked jobs that train only some of their regime and seed's arms (the others finished, or not selected
     by --cells), each as 'outcome-s0: 1 of 6 arms'."""
     arms = Counter((cell.regime, cell.seed) for cell in profile.cells())
