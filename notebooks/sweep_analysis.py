@@ -25,6 +25,7 @@
 profile = "mini_sweep"
 outputs_dir = "outputs/mini_sweep"
 choose_rate_by = "final"  # the profile's analysis.choose_rate_by
+planned_cells = None  # the profile's cell names (the runner passes them), so that a choice on part of the grid says so
 
 # %%
 from IPython.display import Markdown, display
@@ -40,5 +41,5 @@ cells = load.load_cells(report_dir)
 print(sweep.chosen_rates(cells, choose_rate_by).markdown)
 
 # %%
-path = sweep.write_sweep_report(cells, report_dir, profile, choose_rate_by)
+path = sweep.write_sweep_report(cells, report_dir, profile, choose_rate_by, planned_cells)
 display(Markdown(path.read_text()))

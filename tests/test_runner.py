@@ -197,9 +197,11 @@ def test_only_a_sweeps_analysis_is_told_how_to_choose_its_rates(tmp_path, monkey
     stages_run = []
     monkeypatch.setattr(stages, "run_stage",
                         lambda path, output, parameters, root: stages_run.append((path, parameters)))
-    stages.stage_analysis(load_profile(REPO_ROOT / "params" / f"{name}.yaml"), tmp_path)
+    profile = load_profile(REPO_ROOT / "params" / f"{name}.yaml")
+    stages.stage_analysis(profile, tmp_path)
     (path, parameters), *comparisons = stages_run
     assert path.name == notebook and parameters.get("choose_rate_by") == choose_rate_by, parameters
+    assert parameters["planned_cells"] == [cell.name for cell in profile.cells()], "the report says what it covers"
     assert not comparisons
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from reward_density.analysis.load import load_cells
 from reward_density.analysis.sweep import SCORES, chosen_rates, write_sweep_report
-from reward_density.experiment.profiles import RATE_CRITERIA
+from reward_density.experiment.profiles import RATE_CRITERIA, REPO_ROOT
+from reward_density.run.notebooks import execute_notebook
 
 # pass@1 at steps 0, 3 (75% of the steps) and 4 (the end) of each arm and rate, the same for every seed.
 PLATEAUED = {0: 0.3, 3: 0.58, 4: 0.60}  # 7% of its gain in the last quarter
@@ -103,3 +104,22 @@ def test_the_sweep_report_says_which_score_chose_the_rates(tmp_path):
     by_step = write_sweep_report(cells, tmp_path / "step", "test", "best_step").read_text()
     assert "FullFT rate (final pass@1)" in by_final and "plateaued" in by_final
     assert "FullFT rate (best pass@1 after step 0)" in by_step and "own best dev step" in by_step
+
+
+def test_a_choice_made_on_part_of_the_grid_says_which_planned_cells_it_lacks(tmp_path):
+    cells = sweep(tmp_path, regimes=("outcome",))
+    planned = sorted(cells.summaries["cell"]) + ["outcome-r1-lr0.003-s100"]
+    text = write_sweep_report(cells, tmp_path / "a", "tiny_sweep", planned=planned).read_text()
+    assert "**Partial:** 1 of the 15 cells the profile plans have not finished (outcome-r1-lr0.003-s100)" in text, text
+    whole = write_sweep_report(cells, tmp_path / "b", "tiny_sweep", planned=planned[:-1]).read_text()
+    assert "Every one of the 14 cells the profile plans has finished." in whole
+
+
+def test_the_sweep_notebook_chooses_and_reports_what_its_profile_planned(tmp_path):
+    cells = sweep(tmp_path, regimes=("outcome",))
+    planned = sorted(cells.summaries["cell"]) + ["outcome-r1-lr0.003-s100"]
+    execute_notebook(REPO_ROOT / "notebooks" / "sweep_analysis.py", tmp_path / "sweep.ipynb",
+                     {"profile": "tiny_sweep", "outputs_dir": str(tmp_path), "planned_cells": planned})
+    report = (tmp_path / "sweep.md").read_text()
+    assert report.startswith("# Learning-rate sweep (tiny_sweep)") and "**Partial:** 1 of the 15 cells" in report
+    assert list(pd.read_csv(tmp_path / "chosen_rates.csv")["regime"]) == ["outcome"]

@@ -69,8 +69,8 @@ def _ranks_sentence(cells: Cells) -> str:
 MISSING_SHOWN = 8  # unfinished cells a partial report names, before "..."
 
 
-def _planned_sentence(cells: Cells, planned: Sequence[str]) -> str:
-    """How much of the profile's matrix the report covers, naming the planned cells that have not finished."""
+def planned_sentence(cells: Cells, planned: Sequence[str]) -> str:
+    """How much of the profile's matrix a report covers, naming the planned cells that have not finished."""
     finished = set(cells.summaries["cell"]) if "cell" in cells.summaries else set()
     missing = [name for name in planned if name not in finished]
     if not missing:
@@ -156,7 +156,7 @@ def _header(cells: Cells, profile_name: str, planned: Sequence[str] | None) -> l
         f"Finished cells: {counts['finished']} of {counts['matrix']} = {counts['regimes']} regimes × "
         f"{counts['arms']} arms × {seeds_phrase(counts['seeds'])} seeds seen in cells/ "
         f"(unfinished folders: {counts['unfinished']}).",
-        *([_planned_sentence(cells, planned)] if planned is not None else []),
+        *([planned_sentence(cells, planned)] if planned is not None else []),
         _ranks_sentence(cells),
         _provenance_sentence(cells),
         "",

@@ -11,6 +11,7 @@ is judged on its own curve, never against the other arm.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ import pandas as pd
 from ..experiment.config import FULL
 from .dynamics import PLATEAU_REGIMES, PLATEAU_SHARE, is_plateau, last_quarter_share
 from .load import Cells, regimes
+from .report import planned_sentence
 from .stopping import best_steps
 from .tables import Table, markdown_table
 
@@ -105,8 +107,10 @@ def _criterion_text(by: str) -> str:
             f"rates whose arm plateaued (at most {PLATEAU_SHARE:.0%} of its gain in the last 25% of steps).")
 
 
-def write_sweep_report(cells: Cells, out_dir: str | Path, profile_name: str = "", by: str = "final") -> Path:
-    """sweep.csv, chosen_rates.csv and sweep.md under out_dir, the rates chosen by `by`; returns sweep.md's path."""
+def write_sweep_report(cells: Cells, out_dir: str | Path, profile_name: str = "", by: str = "final",
+                       planned: Sequence[str] | None = None) -> Path:
+    """sweep.csv, chosen_rates.csv and sweep.md under out_dir, the rates chosen by `by`; returns sweep.md's path.
+    `planned`: the profile's cell names, when known, so that a choice made on part of the grid says so."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = sweep_table(cells)
@@ -118,6 +122,7 @@ def write_sweep_report(cells: Cells, out_dir: str | Path, profile_name: str = ""
         "",
         _criterion_text(by) + " Evaluated on the world's dev problems, never on the study's held-out set.",
         "",
+        *([planned_sentence(cells, planned), ""] if planned is not None else []),
         chosen.markdown,
         "## Every arm at every rate",
         "",

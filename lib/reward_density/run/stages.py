@@ -119,14 +119,14 @@ def stage_benchmark(profile: Profile, root: Path, options: tuple[str, ...] = ())
 def stage_analysis(profile: Profile, root: Path) -> None:
     """Run the analysis on whatever cells are finished (a learning-rate sweep's own analysis for a sweep), then the
     with/without-KL, method or replication comparison when the profile names the studies to compare with."""
-    outputs = profile.outputs_dir(root)
+    outputs, planned = profile.outputs_dir(root), [cell.name for cell in profile.cells()]
     if profile.matrix.sweeps_rates:
         notebook, written = "sweep_analysis.py", "sweep.md"
         parameters = {"profile": profile.name, "outputs_dir": str(outputs),
-                      "choose_rate_by": profile.analysis["choose_rate_by"]}
+                      "choose_rate_by": profile.analysis["choose_rate_by"], "planned_cells": planned}
     else:
         notebook, written = "analysis.py", "report.md"
-        parameters = {**analysis_parameters(profile, root), "planned_cells": [cell.name for cell in profile.cells()]}
+        parameters = {**analysis_parameters(profile, root), "planned_cells": planned}
     output = outputs / notebook.replace(".py", ".ipynb")
     run_stage(root / "notebooks" / notebook, output, parameters, root)
     print(f"analysis: {output}\nreport: {outputs / written}", file=sys.stderr)
