@@ -148,25 +148,20 @@ def pending_jobs(profile: Profile, root: Path, cells_filter: str | None) -> tupl
     groups: dict[tuple[str, int], list[MatrixCell]] = {}
     for cell in pending:
         groups.setdefault((cell.regime, cell.seed), []).append(cell)
-    jobs = [Job(tuple(cells)) for cells in groups.values()]
-    if partial := _partial_groups(profile, jobs):
+    if partial := _partial_groups(profile, groups):
         tqdm.write(f"note: {len(partial)} stacked group(s) train without some of their arms ({', '.join(partial[:4])}"
                    f"{', ...' if len(partial) > 4 else ''}): an arm's numbers depend, to rounding, on the arms trained "
                    "beside it, and RL carries that further, so these arms reproduce a run of their whole group "
                    "statistically, not bit for bit (README, Reproducibility)", file=sys.stderr)
-    return jobs, report
+    return [Job(tuple(cells)) for cells in groups.values()], report
 
 
-def _partial_groups(profile: Profile, jobs: list[Job]) -> list[str]:
-    """The stacked jobs that train only some of their regime and seed's arms (the others finished, or not selected
-    by --cells), each as 'outcome-s0: 1 of 6 arms'."""
-    arms = Counter((cell.regime, cell.seed) for cell in profile.cells())
-    partial = []
-    for job in jobs:
-        regime, seed = job.cells[0].regime, job.cells[0].seed
-        if len(job.cells) < arms[regime, seed]:
-            partial.append(f"{regime}-s{seed}: {len(job.cells)} of {arms[regime, seed]} arms")
-    return partial
+def _partial_groups(profile: Profile, groups: dict[tuple[str, int], list[MatrixCell]]) -> list[str]:
+    """The regime-seed groups about to train only some of their arms (the others finished, or not selected by
+    --cells), each as 'outcome-s0: 1 of 6 arms'."""
+    planned = Counter((cell.regime, cell.seed) for cell in profile.cells())
+    return [f"{regime}-s{seed}: {len(cells)} of {planned[regime, seed]} arms"
+            for (regime, seed), cells in groups.items() if len(cells) < planned[regime, seed]]
 
 
 def fresh_folder(folder: Path) -> Path:
