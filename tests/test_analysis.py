@@ -296,6 +296,18 @@ def test_the_report_says_which_code_packages_and_device_trained_its_cells_and_co
             "AMD EPYC (AVX2), 2 torch threads (1 cell), no device recorded (1 cell).") in text, text[:900]
 
 
+def test_the_report_says_which_world_its_cells_read_and_counts_each_when_they_differ(tmp_path):
+    for seed in (0, 1, 2):
+        write_cell(tmp_path, "outcome", None, seed, 6)
+    for seed, student in ((0, "aaaa"), (1, "bbbb")):
+        params = tmp_path / "cells" / f"outcome-rfull-s{seed}" / "params.json"
+        record = {"student": student, "problems": "cccc"}  # what the cell's CellWriter records
+        params.write_text(json.dumps(json.loads(params.read_text()) | {"world_fingerprints": record}))
+    text = write_report(load_cells(tmp_path), tmp_path / "a", margin=0.05, profile_name="tiny").read_text()
+    assert ("World read (each cell's params.json: a hash of each entry's files): student aaaa (1 cell), bbbb (1 cell); "
+            "problems cccc (2 cells); not recorded (1 cell).") in text, text[:1200]
+
+
 def test_the_report_shows_the_benchmark_ratio_when_one_was_run_and_says_how_when_not(outputs, tmp_path):
     cells, out = load_cells(outputs), tmp_path / "analysis"
 

@@ -77,6 +77,16 @@ def test_a_cells_params_file_gives_back_its_config():
     assert cell_config(profile, "sft", 1, 0).heldout_file.parent.name == "control", "the control is scored on its facts"
 
 
+def test_a_cell_names_the_world_entries_its_regime_reads():
+    profile = load_profile(find_profile("mini"))
+    read = {regime: sorted(cell_config(profile, regime, 1, 0).world_inputs)
+            for regime in ("outcome", "process", "distillation", "sft")}
+    assert read == {"outcome": ["problems", "student"], "process": ["prm", "problems", "student"],
+                    "distillation": ["problems", "student", "teacher"], "sft": ["control", "student"]}, read
+    paper = cell_config(load_profile(find_profile("paper")), "outcome", 1, 0)
+    assert paper.world_inputs["heldout"] == paper.heldout, "a held-out set of its own is read too"
+
+
 def test_the_golden_training_notebooks_carry_the_schemas_parameters_cell():
     """A golden made before the schema grew fails inside nbval on a missing setting; this names the cause."""
     for golden in sorted((REPO_ROOT / "tests" / "golden").glob("*_train_*.ipynb")):

@@ -101,3 +101,27 @@ def test_a_rerun_group_reproduces_its_numbers_bit_for_bit(root):
         for name, frame in numbers(folder).items():
             pd.testing.assert_frame_equal(frame, first[folder.name][name], check_exact=True,
                                           obj=f"{folder.name}/{name} on a second run with the same seed")
+
+
+def test_each_cell_records_the_world_it_read_and_a_rerun_after_a_rebuild_refuses_the_cells_that_read_it(root, capsys):
+    cells = root / "outputs/smoke/cells"
+    if not all((cells / cell.name / "summary.json").exists() for cell in SMOKE.cells()):
+        pytest.skip("needs the run of the resume test")
+    recorded = {folder.name: json.loads((folder / "params.json").read_text())["world_fingerprints"]
+                for folder in cells.iterdir()}
+    assert {name: sorted(read) for name, read in recorded.items() if name.endswith("-r1-s0")} == {
+        "outcome-r1-s0": ["problems", "student"], "process-r1-s0": ["prm", "problems", "student"],
+        "distillation-r1-s0": ["problems", "student", "teacher"], "sft-r1-s0": ["control", "student"]}
+    prm, before = root / "outputs/smoke/world/prm/config.json", summaries(root)
+    original = prm.read_text()
+    try:
+        prm.write_text(original + "\n")  # the PRM as another build would leave it
+        capsys.readouterr()
+        assert main(["--profile", "smoke", "--root", str(root), "--stages", "cells"]) == 2
+        error = capsys.readouterr().err
+    finally:
+        prm.write_text(original)
+    stale = sorted(line.split(":")[0].strip() for line in error.splitlines() if "world.prm" in line)
+    assert stale == [cell.name for cell in SMOKE.cells() if cell.regime == "process"], error
+    assert "3 finished cell(s)" in error, error
+    assert summaries(root) == before, "a finished cell was touched"

@@ -18,13 +18,13 @@ import pytest
 import yaml
 
 from reward_density.analysis.speed import speed_markdown
-from reward_density.experiment.profiles import COMPARISONS, REPO_ROOT, load_profile
-from reward_density.experiment.provenance import code_fingerprint, read_json
+from reward_density.experiment.profiles import COMPARISONS, REPO_ROOT, cell_config, load_profile
+from reward_density.experiment.provenance import code_fingerprint, fingerprint, fingerprints, read_json
 from reward_density.run import notebooks, stages
 from reward_density.run.cli import _parser, main
 from reward_density.run.local import gpu_slots, run_matrix
 from reward_density.run.lock import exclusive
-from reward_density.run.matrix import cpu_count, select_cells
+from reward_density.run.matrix import StaleCells, cpu_count, select_cells
 from reward_density.run.notebooks import NotebookFailed
 from reward_density.run.stages import run_stage, stage_benchmark
 
@@ -110,6 +110,30 @@ def test_a_finished_cell_trained_at_another_rate_stops_the_run_before_any_work_a
     with pytest.raises(ValueError, match="1 finished cell"):  # any executor, not only the command line
         run_matrix(profile_of(root), root, TRAIN)
     assert summary.stat().st_mtime_ns == before, "the finished cell was touched"
+    assert not cell_dir(root, "process-r1-s0").exists(), "a cell ran although the run was refused"
+
+
+def test_a_finished_cell_whose_world_changed_since_stops_the_cells_stage_and_is_kept(root, capsys):
+    assert run_matrix(profile_of(root), root, TRAIN, cells_filter="outcome-r1-*").finished == ["outcome-r1-s0"]
+    folder, world = cell_dir(root, "outcome-r1-s0"), root / "outputs" / "smoke" / "world"
+    read = fingerprints(cell_config(profile_of(root), "outcome", 1, 0, root=root).world_inputs)
+    params = read_json(folder / "params.json") | {"world_fingerprints": read}  # what the real notebook records
+    (folder / "params.json").write_text(json.dumps(params))
+    before = (folder / "summary.json").stat().st_mtime_ns
+    with (world / "prm" / "config.json").open("a") as handle:  # an entry an outcome cell does not read
+        handle.write("\n")
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells", "--cells", "outcome-r1-*"]) == 0
+    with (world / "student" / "config.json").open("a") as handle:  # as a rebuilt world leaves it
+        handle.write("\n")
+    capsys.readouterr()
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells"]) == 2
+    error = capsys.readouterr().err
+    now = fingerprint(world / "student")
+    assert f"outcome-r1-s0: world.student {read['student']!r} -> {now!r}" in error, error
+    assert "a rebuilt world gives another" in error and "move or delete those cell folders" in error, error
+    with pytest.raises(StaleCells, match="1 finished cell"):  # any executor, not only the command line
+        run_matrix(profile_of(root), root, TRAIN)
+    assert (folder / "summary.json").stat().st_mtime_ns == before, "the finished cell was touched"
     assert not cell_dir(root, "process-r1-s0").exists(), "a cell ran although the run was refused"
 
 

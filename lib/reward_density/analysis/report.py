@@ -110,6 +110,17 @@ def _provenance_sentence(cells: Cells) -> str:
             f"on {_counted([m.get('device', 'no device recorded') for m in manifests])}.")
 
 
+def _world_sentence(cells: Cells) -> str:
+    """Which world the finished cells read, entry by entry, from their params.json; cells that read two worlds (a
+    study resumed after the world was rebuilt, cells copied from another machine) show both, with their counts."""
+    records = [cells.params[name].get(cell_folder.WORLD) or {} for name in sorted(cells.params)]
+    entries = dict.fromkeys(entry for record in records for entry in record)
+    parts = [f"{entry} {_counted([record[entry] for record in records if entry in record])}" for entry in entries]
+    if missing := sum(not record for record in records):
+        parts.append(f"not recorded ({missing} cell{'s' * (missing > 1)})")
+    return f"World read (each cell's {cell_folder.PARAMS}: a hash of each entry's files): {'; '.join(parts)}."
+
+
 EQUIVALENCE_FIGURE = "equivalence"  # the verdicts at a glance, drawn from the equivalence table
 INTERVAL = ("two-way random-effects interval over seeds and problems (crossed): Student's t with Satterthwaite's "
             "degrees of freedom, which widens with few seeds (statistics.py)")
@@ -159,6 +170,7 @@ def _header(cells: Cells, profile_name: str, planned: Sequence[str] | None) -> l
         *([planned_sentence(cells, planned)] if planned is not None else []),
         _ranks_sentence(cells),
         _provenance_sentence(cells),
+        _world_sentence(cells),
         "",
     ]
 

@@ -33,7 +33,7 @@ from ..rewards import RewardModule, build_reward
 from . import cell_folder
 from .config import SFT, CellConfig
 from .evaluation import greedy_eval, greedy_eval_arms
-from .provenance import manifest, write_json_atomic
+from .provenance import fingerprints, manifest, write_json_atomic
 from .sft import sft_step
 
 
@@ -157,7 +157,8 @@ class CellWriter:
         for stale in (cell_folder.COMPLETIONS, cell_folder.DEV_EVALS):  # appended to, or absent from this run
             (self.folder / stale).unlink(missing_ok=True)
         self.board = live_board(config)
-        write_json_atomic(self.folder / cell_folder.PARAMS, config.to_parameters() | {"derived": extra or {}})
+        write_json_atomic(self.folder / cell_folder.PARAMS, config.to_parameters() | {
+            "derived": extra or {}, cell_folder.WORLD: fingerprints(config.world_inputs)})
 
     def add_step(self, row: dict[str, Any]) -> None:
         self.history.append(row)

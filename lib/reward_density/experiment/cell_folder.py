@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 PARAMS = "params.json"  # the cell's config
+WORLD = "world_fingerprints"  # params.json's record of the world the cell read: a hash of each entry (provenance.py)
 HISTORY = "history.csv"  # one row of metrics per GRPO step
 EVALS = "evals.csv"  # one row per held-out evaluation
 ANSWERS = "answers.csv"  # one row per held-out problem at each evaluation

@@ -46,6 +46,7 @@ ENGINES = ("peft", "stacked")
 LR_SCHEDULES = ("constant", "linear")
 REPORTERS = ("none", "tensorboard")
 SECTIONS = ("matrix", "cell", "world", "data", "run")  # where a setting's value comes from
+REWARD_MODELS = {"process": ("prm",), "distillation": ("teacher",)}  # the world models a regime's reward reads
 
 
 def setting(default: Any = MISSING, *, check: Checker, doc: str, section: str = "cell") -> Any:
@@ -259,6 +260,14 @@ class CellConfig:
         """The config to_parameters() wrote (a cell's params.json; keys the schema does not know are ignored)."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known} | {"rank": parse_rank(values["rank"])})
+
+    @property
+    def world_inputs(self) -> dict[str, str]:
+        """The world entries the cell reads, by name: the student, its problems (the SFT control: its own), and
+        the model its regime's reward reads."""
+        names = ("student", "control") if self.regime == SFT else \
+            ("student", "problems", "heldout", *REWARD_MODELS.get(self.regime, ()))
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     @property
     def heldout_file(self) -> Path:

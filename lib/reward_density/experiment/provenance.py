@@ -144,3 +144,8 @@ def fingerprint(source: str | Path | None) -> str:
         digest.update(str(file.relative_to(path if path.is_dir() else path.parent)).encode())
         digest.update(file.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def fingerprints(sources: dict[str, str]) -> dict[str, str]:
+    """The fingerprint of each named model or dataset."""
+    return {name: fingerprint(source) for name, source in sources.items()}

@@ -20,7 +20,7 @@ from pathlib import Path
 from ..experiment.profiles import REPO_ROOT, Profile, find_profile, load_profile, resolve_world_entry
 from .local import gpu_slots
 from .lock import FolderInUse, exclusive
-from .matrix import check_finished_cells, select_cells
+from .matrix import StaleCells, check_finished_cells, select_cells
 from .notebooks import NotebookFailed
 from .reachability import WorldUnreachable, check_world
 from .slurm import profile_executor
@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile = load_profile(find_profile(args.profile, root))
         if "cells" in args.stages:
-            check_finished_cells(profile, root, select_cells(profile, args.cells))  # before the world stage
+            # Before the world stage, which may rebuild the world: the cells stage compares the world itself.
+            check_finished_cells(profile, root, select_cells(profile, args.cells), world=False)
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
         slots = gpu_slots(args.gpus, profile) if args.gpus else None
@@ -110,6 +111,8 @@ def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: s
                 stage_world(profile, root)
         if {"baseline", "cells"} & set(stages):
             check_world({k: resolve_world_entry(v, root) for k, v in profile.world.items()}, profile.data)
+        if "cells" in stages:  # the world as it is now: a finished cell that read another is stale
+            check_finished_cells(profile, root, select_cells(profile, cells_filter))
         if "baseline" in stages:
             with timed("baseline"):
                 stage_baseline(profile, root)
@@ -126,7 +129,7 @@ def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: s
         if "kl_bound" in stages and profile.kl_bound is not None:  # a profile without one has no such stage
             with timed("kl_bound"):
                 stage_kl_bound(profile, root)
-    except WorldUnreachable as exc:
+    except (WorldUnreachable, StaleCells) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (FileNotFoundError, NotebookFailed, subprocess.CalledProcessError) as exc:

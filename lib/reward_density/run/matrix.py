@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import json
 import os
 import shutil
@@ -17,7 +18,7 @@ import signal
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,12 +28,16 @@ from tqdm import tqdm
 from ..experiment import cell_folder
 from ..experiment.config import CellConfig, rank_label
 from ..experiment.profiles import MatrixCell, Profile, cell_config
-from ..experiment.provenance import read_json
+from ..experiment.provenance import fingerprint, read_json
 
 STOP_GRACE_SECONDS = 10.0  # how long a stopped cell may take to clean up before it is killed
 # What a finished cell's params.json must still agree with the profile on: what it trained and scored. Paths
 # (world, run) may move with the repository, and report_to only chooses where live curves go.
 COMPARED_SETTINGS = tuple(f.name for f in CellConfig.settings("matrix", "cell", "data") if f.name != "report_to")
+
+
+class StaleCells(ValueError):
+    """Finished cells that ran with settings, or on a world, that the profile no longer gives."""
 
 
 @dataclass
@@ -97,41 +102,54 @@ def select_cells(profile: Profile, cells_filter: str | None) -> list[MatrixCell]
     return selected
 
 
-def changed_settings(profile: Profile, cell: MatrixCell, root: Path) -> dict[str, tuple[Any, Any]]:
-    """The settings a finished cell ran with that the profile now gives otherwise: {name: (then, now)}.
+def changed_settings(profile: Profile, cell: MatrixCell, root: Path,
+                     fingerprint_of: Callable[[str], str] | None = None) -> dict[str, tuple[Any, Any]]:
+    """The settings a finished cell ran with that the profile now gives otherwise: {name: (then, now)}; with
+    fingerprint_of (provenance.fingerprint), also the world entries it read that have changed since.
     A setting its params.json does not record (one added to the schema since) is not compared."""
     params = profile.cells_dir(root) / cell.name / cell_folder.PARAMS
     try:
         recorded = read_json(params) if params.is_file() else {}
     except ValueError as error:
         raise ValueError(f"{error}; move or delete the cell folder {params.parent} to rerun the cell") from error
-    now = cell_config(profile, cell.regime, cell.rank, cell.seed, learning_rate=cell.learning_rate,
-                      root=root).to_parameters()
+    config = cell_config(profile, cell.regime, cell.rank, cell.seed, learning_rate=cell.learning_rate, root=root)
+    now = config.to_parameters()
     now = json.loads(json.dumps({name: now[name] for name in COMPARED_SETTINGS}))  # tuples as JSON lists
-    return {name: (recorded[name], value) for name, value in now.items()
-            if name in recorded and recorded[name] != value}
+    changed = {name: (recorded[name], value) for name, value in now.items()
+               if name in recorded and recorded[name] != value}
+    if fingerprint_of is not None:
+        then = recorded.get(cell_folder.WORLD, {})
+        world = {name: fingerprint_of(source) for name, source in config.world_inputs.items() if name in then}
+        changed |= {f"world.{name}": (then[name], value) for name, value in world.items() if value != then[name]}
+    return changed
 
 
-def check_finished_cells(profile: Profile, root: Path, cells: list[MatrixCell]) -> None:
-    """Refuse to run when a finished cell was trained with settings the profile no longer gives: skipping it
-    would report stale results, rerunning it would delete them, so the user decides."""
+def check_finished_cells(profile: Profile, root: Path, cells: list[MatrixCell], world: bool = True) -> None:
+    """Refuse to run when a finished cell was trained with settings the profile no longer gives, or (world true) on
+    a world that has changed since: skipping it would report stale results, rerunning it would delete them, so the
+    user decides."""
     finished = [cell for cell in cells if cell_folder.is_finished(profile.cells_dir(root) / cell.name)]
-    stale = {cell.name: changed for cell in finished if (changed := changed_settings(profile, cell, root))}
+    fingerprint_of = functools.cache(fingerprint) if world else None  # each entry hashed once, however many cells
+    stale = {cell.name: changed for cell in finished
+             if (changed := changed_settings(profile, cell, root, fingerprint_of))}
     if stale:
         lines = [f"  {name}: " + ", ".join(f"{k} {then!r} -> {now!r}" for k, (then, now) in changed.items())
                  for name, changed in stale.items()]
-        raise ValueError(
+        rebuilt = any(k.startswith("world.") for changed in stale.values() for k in changed)
+        raise StaleCells(
             f"{len(stale)} finished cell(s) under {profile.cells_dir(root)} ran with settings {profile.path} no "
-            "longer gives (then -> now):\n" + "\n".join(lines[:10]) + ("\n  ..." if len(lines) > 10 else "")
-            + "\nmove or delete those cell folders to rerun them with the profile's settings, or restore the "
-              "profile to analyse them")
+            "longer gives, or on a world that has changed since (then -> now):\n" + "\n".join(lines[:10])
+            + ("\n  ..." if len(lines) > 10 else "")
+            + ("\n(world.<entry> is a hash of the entry's files: a rebuilt world gives another)" if rebuilt else "")
+            + "\nmove or delete those cell folders to rerun them, or restore the profile's settings (and the world "
+              "they read: for a world the profile builds, its build_world settings) to analyse them")
 
 
 def pending_jobs(profile: Profile, root: Path, cells_filter: str | None) -> tuple[list[Job], RunReport]:
     """The selected, unfinished cells in jobs, and a report that lists the finished ones as skipped.
 
     With engine stacked, the unfinished arms of one regime and seed form one job; otherwise each cell does.
-    Raises ValueError when a finished cell ran with settings the profile no longer gives.
+    Raises StaleCells when a finished cell ran with settings, or on a world, the profile no longer gives.
     """
     cells = select_cells(profile, cells_filter)
     check_finished_cells(profile, root, cells)

@@ -17,7 +17,7 @@ from ..analysis.speed import BENCHMARK_FILE
 from ..experiment import kl_bound
 from ..experiment.baseline import base_configs, base_eval_key
 from ..experiment.profiles import STUDY_SETTINGS, Profile, resolve_world_entry
-from ..experiment.provenance import code_fingerprint, fingerprint, read_json, write_json_atomic
+from ..experiment.provenance import code_fingerprint, fingerprints, read_json, write_json_atomic
 from .local import run_matrix
 from .lock import exclusive
 from .matrix import RunReport, base_answers_dir
@@ -75,7 +75,7 @@ def stage_baseline(profile: Profile, root: Path) -> None:
     # The base evaluations' own keys carry every setting they depend on (and nothing else): changing, say, a
     # learning rate or beta must not re-measure the base model.
     evaluations = [base_eval_key(config) for config in base_configs(profile, out, root)]
-    key = {"world": {k: fingerprint(v) for k, v in world.items()}, "settings": settings, "data": profile.data,
+    key = {"world": fingerprints(world), "settings": settings, "data": profile.data,
            "base_evaluations": evaluations}
     if _holds_key(out, key):
         print(f"baseline: {out} measured this world already; skipped", file=sys.stderr)
