@@ -18,7 +18,7 @@ from ..data.answer_check import ANSWER_FORMATS
 from ..grpo.advantages import ADVANTAGE_ESTIMATORS
 from ..grpo.loss import KL_ESTIMATORS, NORMALISATIONS
 from ..grpo.precision import PRECISIONS
-from ..rewards import REGIMES
+from ..rewards import REGIMES, REWARD_MODELS
 from .checks import (
     Checker,
     InvalidValue,
@@ -46,7 +46,6 @@ ENGINES = ("peft", "stacked")
 LR_SCHEDULES = ("constant", "linear")
 REPORTERS = ("none", "tensorboard")
 SECTIONS = ("matrix", "cell", "world", "data", "run")  # where a setting's value comes from
-REWARD_MODELS = {"process": ("prm",), "distillation": ("teacher",)}  # the world models a regime's reward reads
 
 
 def setting(default: Any = MISSING, *, check: Checker, doc: str, section: str = "cell") -> Any:

@@ -7,6 +7,7 @@ from .outcome import OutcomeReward
 from .process import PRMScorer, ProcessReward
 
 REGIMES = ("outcome", "process", "distillation")
+REWARD_MODELS = {"process": ("prm",), "distillation": ("teacher",)}  # the world's models a regime's reward reads
 
 
 def check_regime(regime: str) -> str:
