@@ -11,7 +11,13 @@ from reward_density.analysis.load import DamagedCell, arms, load_cells, regimes
 from reward_density.analysis.plots import FIGURES, VERDICT_COLORS, plot_equivalence
 from reward_density.analysis.report import matrix_counts, seeds_phrase, write_report
 from reward_density.analysis.stopping import answers_at_chosen_steps, chosen_steps, chosen_table
-from reward_density.analysis.tables import accuracy_table, equivalence_table, gain_table, rounded
+from reward_density.analysis.tables import (
+    accuracy_table,
+    compared_worlds_sentence,
+    equivalence_table,
+    gain_table,
+    rounded,
+)
 
 N_PROBLEMS = 10
 BASE = 3  # problems the base model solves
@@ -306,6 +312,24 @@ def test_the_report_says_which_world_its_cells_read_and_counts_each_when_they_di
     text = write_report(load_cells(tmp_path), tmp_path / "a", margin=0.05, profile_name="tiny").read_text()
     assert ("World read (each cell's params.json: a hash of each entry's files): student aaaa (1 cell), bbbb (1 cell); "
             "problems cccc (2 cells); not recorded (1 cell).") in text, text[:1200]
+
+
+def test_a_comparison_of_studies_says_whether_their_cells_read_one_world(tmp_path):
+    def study(name, student):
+        for seed in (0, 1):
+            params = write_cell(tmp_path / name, "outcome", None, seed, 6) / "params.json"
+            if student:
+                record = {"student": student, "problems": "cccc"}
+                params.write_text(json.dumps(json.loads(params.read_text()) | {"world_fingerprints": record}))
+        return load_cells(tmp_path / name)
+
+    a, b, c, d = study("a", "aaaa"), study("b", "aaaa"), study("c", "bbbb"), study("d", None)
+    assert compared_worlds_sentence({"A": a, "B": b}) == (
+        "The compared studies' cells read one world: student aaaa, problems cccc (a hash of each entry's files).")
+    assert compared_worlds_sentence({"A": a, "C": c}).startswith(
+        "**The compared studies read different worlds**: student aaaa (A), bbbb (C). A difference paired")
+    assert "one world (2 cells recorded none)" in compared_worlds_sentence({"A": a, "D": d})
+    assert "whether the studies read one is not known" in compared_worlds_sentence({"D": d})
 
 
 def test_the_report_shows_the_benchmark_ratio_when_one_was_run_and_says_how_when_not(outputs, tmp_path):

@@ -11,7 +11,7 @@ import pandas as pd
 from .load import Cells, arms, regimes
 from .plots import plot_kl_ablation
 from .statistics import MIN_SEEDS, shared_seeds
-from .tables import Table, comparison, final_answers, markdown_table
+from .tables import Table, compared_worlds_sentence, comparison, final_answers, markdown_table
 
 
 def with_without_kl(with_kl: Cells, without_kl: Cells, margin: float, confidence: float = 0.95) -> Table:
@@ -73,6 +73,8 @@ def write_kl_comparison(with_kl: Cells, without_kl: Cells, out_dir: str | Path, 
     plot_kl_ablation(with_kl, without_kl, ABLATION_REGIME, list(ABLATION_ARMS), out / "figures" / "kl_ablation.png")
     text = "\n".join([
         f"# With and without the KL penalty ({names[0]} vs {names[1]})",
+        "",
+        compared_worlds_sentence({names[0]: with_kl, names[1]: without_kl}),
         "",
         "## Accuracy",
         "",

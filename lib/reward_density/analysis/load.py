@@ -28,6 +28,12 @@ class Cells:
     manifests: dict[str, dict]  # each finished cell's manifest.json (commit, packages, device); {} where absent
     unfinished: tuple[str, ...]
 
+    @property
+    def worlds(self) -> dict[str, dict[str, str]]:
+        """Each finished cell's record of the world it read (params.json: a hash of each entry's files); {} where
+        the cell recorded none (made before cells recorded it)."""
+        return {name: self.params[name].get(cell_folder.WORLD) or {} for name in sorted(self.params)}
+
 
 def arm_name(rank: int | None) -> str:
     """Arm label: "r<rank>" for LoRA, "full" for FullFT."""

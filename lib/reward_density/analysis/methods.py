@@ -11,7 +11,7 @@ import pandas as pd
 from .load import Cells, arms
 from .plots import plot_method_accuracy, plot_method_curves
 from .statistics import MIN_SEEDS, shared_seeds
-from .tables import Table, comparison, final_answers, markdown_table
+from .tables import Table, compared_worlds_sentence, comparison, final_answers, markdown_table
 
 MEMORY_NOTE = (
     "One arm through peft, each method's own step settings, measured after a warm-up step: the most bytes held at "
@@ -107,6 +107,8 @@ def write_method_comparison(studies: dict[str, Cells], out_dir: str | Path, regi
         f"# {' vs '.join(studies)} ({regime} regime)",
         "",
         *_studies_lines(studies, profiles or {}),
+        compared_worlds_sentence(studies),
+        "",
         f"## Accuracy: each method minus {base}",
         "",
         f"Final greedy pass@1 per arm; differences paired over seeds and held-out problems ({confidence:.0%} crossed "

@@ -113,7 +113,7 @@ def _provenance_sentence(cells: Cells) -> str:
 def _world_sentence(cells: Cells) -> str:
     """Which world the finished cells read, entry by entry, from their params.json; cells that read two worlds (a
     study resumed after the world was rebuilt, cells copied from another machine) show both, with their counts."""
-    records = [cells.params[name].get(cell_folder.WORLD) or {} for name in sorted(cells.params)]
+    records = list(cells.worlds.values())
     entries = dict.fromkeys(entry for record in records for entry in record)
     parts = [f"{entry} {_counted([record[entry] for record in records if entry in record])}" for entry in entries]
     if missing := sum(not record for record in records):

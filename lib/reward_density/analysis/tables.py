@@ -140,6 +140,28 @@ def comparison(a: pd.DataFrame, b: pd.DataFrame, margin: float, confidence: floa
             "n_pairs": diff.n_pairs, "n_seeds": diff.n_seeds, "n_problems": diff.n_problems}
 
 
+def compared_worlds_sentence(studies: dict[str, Cells]) -> str:
+    """Whether the compared studies' cells read one world, entry by entry: paired over problems, a difference between
+    studies that read two worlds mixes what they compare with the world they ran on."""
+    seen: dict[str, dict[str, set[str]]] = {}  # entry -> fingerprint -> the studies whose cells read it
+    for study, cells in studies.items():
+        for record in cells.worlds.values():
+            for entry, value in record.items():
+                seen.setdefault(entry, {}).setdefault(value, set()).add(study)
+    unrecorded = sum(not record for cells in studies.values() for record in cells.worlds.values())
+    caveat = f" ({unrecorded} cell{'s' * (unrecorded > 1)} recorded none)" if unrecorded else ""
+    differing = {entry: values for entry, values in seen.items() if len(values) > 1}
+    if not seen:
+        return "The cells recorded no world (they predate the record): whether the studies read one is not known."
+    if not differing:
+        one = ", ".join(f"{entry} {next(iter(values))}" for entry, values in seen.items())
+        return f"The compared studies' cells read one world{caveat}: {one} (a hash of each entry's files)."
+    parts = [f"{entry} " + ", ".join(f"{value} ({', '.join(sorted(names))})" for value, names in values.items())
+             for entry, values in differing.items()]
+    return (f"**The compared studies read different worlds**{caveat}: {'; '.join(parts)}. A difference paired over "
+            "problems then mixes what the studies compare with the world they ran on.")
+
+
 def gain_table(cells: Cells, confidence: float = 0.95) -> Table:
     """Per regime and arm: did training move pass@1? Final minus step-0 answers of the same cells, crossed interval."""
     answers = cells.answers
