@@ -307,11 +307,11 @@ def test_the_report_says_which_world_its_cells_read_and_counts_each_when_they_di
         write_cell(tmp_path, "outcome", None, seed, 6)
     for seed, student in ((0, "aaaa"), (1, "bbbb")):
         params = tmp_path / "cells" / f"outcome-rfull-s{seed}" / "params.json"
-        record = {"student": student, "problems": "cccc"}  # what the cell's CellWriter records
+        record = {"problems": "cccc", "student": student}  # as the cell's CellWriter records it: keys sorted
         params.write_text(json.dumps(json.loads(params.read_text()) | {"world_fingerprints": record}))
     text = write_report(load_cells(tmp_path), tmp_path / "a", margin=0.05, profile_name="tiny").read_text()
     assert ("World read (each cell's params.json: a hash of each entry's files): student aaaa (1 cell), bbbb (1 cell); "
-            "problems cccc (2 cells); not recorded (1 cell).") in text, text[:1200]
+            "problems cccc (2 cells); not recorded (1 cell).") in text, "the student first:\n" + text[:1200]
 
 
 def test_a_comparison_of_studies_says_whether_their_cells_read_one_world(tmp_path):
@@ -319,7 +319,7 @@ def test_a_comparison_of_studies_says_whether_their_cells_read_one_world(tmp_pat
         for seed in (0, 1):
             params = write_cell(tmp_path / name, "outcome", None, seed, 6) / "params.json"
             if student:
-                record = {"student": student, "problems": "cccc"}
+                record = {"problems": "cccc", "student": student}  # keys sorted, as params.json has them
                 params.write_text(json.dumps(json.loads(params.read_text()) | {"world_fingerprints": record}))
         return load_cells(tmp_path / name)
 

@@ -2,13 +2,14 @@
 as long tables (load_cells), or one cell folder, finished or still running (load_cell)."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from ..experiment import cell_folder
-from ..experiment.config import FULL
+from ..experiment.config import FULL, CellConfig
 from ..experiment.provenance import read_json
 
 REGIME_ORDER = ("outcome", "process", "distillation")
@@ -33,6 +34,13 @@ class Cells:
         """Each finished cell's record of the world it read (params.json: a hash of each entry's files); {} where
         the cell recorded none (made before cells recorded it)."""
         return {name: self.params[name].get(cell_folder.WORLD) or {} for name in sorted(self.params)}
+
+
+def world_entries(records: Iterable[dict[str, str]]) -> list[str]:
+    """The world entries any of these records names, as the cell schema lists them (the student first)."""
+    named = {entry for record in records for entry in record}
+    schema = [f.name for f in CellConfig.settings("world")]
+    return [entry for entry in schema if entry in named] + sorted(named - set(schema))
 
 
 def arm_name(rank: int | None) -> str:

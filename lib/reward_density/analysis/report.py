@@ -9,7 +9,7 @@ from ..experiment import cell_folder
 from ..experiment.config import parse_cell_name
 from .dynamics import collapse_table, plateau_table
 from .kl import END_FRACTION, ESTIMATOR, kl_table
-from .load import Cells, arm_name, arms, ranks
+from .load import Cells, arm_name, arms, ranks, world_entries
 from .plots import FIGURES, plot_equivalence
 from .speed import speed_markdown
 from .stopping import answers_at_chosen_steps, chosen_table
@@ -114,8 +114,8 @@ def _world_sentence(cells: Cells) -> str:
     """Which world the finished cells read, entry by entry, from their params.json; cells that read two worlds (a
     study resumed after the world was rebuilt, cells copied from another machine) show both, with their counts."""
     records = list(cells.worlds.values())
-    entries = dict.fromkeys(entry for record in records for entry in record)
-    parts = [f"{entry} {_counted([record[entry] for record in records if entry in record])}" for entry in entries]
+    parts = [f"{entry} {_counted([record[entry] for record in records if entry in record])}"
+             for entry in world_entries(records)]
     if missing := sum(not record for record in records):
         parts.append(f"not recorded ({missing} cell{'s' * (missing > 1)})")
     return f"World read (each cell's {cell_folder.PARAMS}: a hash of each entry's files): {'; '.join(parts)}."

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .load import KEYS, Cells, arm_name, arms, regimes
+from .load import KEYS, Cells, arm_name, arms, regimes, world_entries
 from .statistics import (
     MAX_PROJECTED_SEEDS,
     MIN_SEEDS,
@@ -143,12 +143,13 @@ def comparison(a: pd.DataFrame, b: pd.DataFrame, margin: float, confidence: floa
 def compared_worlds_sentence(studies: dict[str, Cells]) -> str:
     """Whether the compared studies' cells read one world, entry by entry: paired over problems, a difference between
     studies that read two worlds mixes what they compare with the world they ran on."""
+    records = [(study, record) for study, cells in studies.items() for record in cells.worlds.values()]
     seen: dict[str, dict[str, set[str]]] = {}  # entry -> fingerprint -> the studies whose cells read it
-    for study, cells in studies.items():
-        for record in cells.worlds.values():
-            for entry, value in record.items():
-                seen.setdefault(entry, {}).setdefault(value, set()).add(study)
-    unrecorded = sum(not record for cells in studies.values() for record in cells.worlds.values())
+    for entry in world_entries(record for _, record in records):
+        for study, record in records:
+            if entry in record:
+                seen.setdefault(entry, {}).setdefault(record[entry], set()).add(study)
+    unrecorded = sum(not record for _, record in records)
     caveat = f" ({unrecorded} cell{'s' * (unrecorded > 1)} recorded none)" if unrecorded else ""
     differing = {entry: values for entry, values in seen.items() if len(values) > 1}
     if not seen:

@@ -78,7 +78,8 @@ def device_description(device: str | torch.device = "cpu") -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{cpu_model()}, {torch.get_num_threads()} torch threads"
+    threads = torch.get_num_threads()
+    return f"{cpu_model()}, {threads} torch thread{'s' * (threads > 1)}"
 
 
 def cpu_model() -> str:
