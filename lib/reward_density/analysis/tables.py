@@ -149,11 +149,11 @@ def compared_worlds_sentence(studies: dict[str, Cells]) -> str:
         for study, record in records:
             if entry in record:
                 seen.setdefault(entry, {}).setdefault(record[entry], set()).add(study)
+    if not seen:
+        return "The cells recorded no world (they predate the record): whether the studies read one is not known."
     unrecorded = sum(not record for _, record in records)
     caveat = f" ({unrecorded} cell{'s' * (unrecorded > 1)} recorded none)" if unrecorded else ""
     differing = {entry: values for entry, values in seen.items() if len(values) > 1}
-    if not seen:
-        return "The cells recorded no world (they predate the record): whether the studies read one is not known."
     if not differing:
         one = ", ".join(f"{entry} {next(iter(values))}" for entry, values in seen.items())
         return f"The compared studies' cells read one world{caveat}: {one} (a hash of each entry's files)."
