@@ -116,8 +116,8 @@ def _world_sentence(cells: Cells) -> str:
     records = list(cells.worlds.values())
     parts = [f"{entry} {_counted([record[entry] for record in records if entry in record])}"
              for entry in world_entries(records)]
-    if missing := sum(not record for record in records):
-        parts.append(f"not recorded ({missing} cell{'s' * (missing > 1)})")
+    if missing := [record for record in records if not record]:
+        parts.append(_counted(["not recorded"] * len(missing)))
     return f"World read (each cell's {cell_folder.PARAMS}: a hash of each entry's files): {'; '.join(parts)}."
 
 

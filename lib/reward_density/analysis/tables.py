@@ -144,11 +144,11 @@ def compared_worlds_sentence(studies: dict[str, Cells]) -> str:
     """Whether the compared studies' cells read one world, entry by entry: paired over problems, a difference between
     studies that read two worlds mixes what they compare with the world they ran on."""
     records = [(study, record) for study, cells in studies.items() for record in cells.worlds.values()]
-    seen: dict[str, dict[str, set[str]]] = {}  # entry -> fingerprint -> the studies whose cells read it
-    for entry in world_entries(record for _, record in records):
-        for study, record in records:
-            if entry in record:
-                seen.setdefault(entry, {}).setdefault(record[entry], set()).add(study)
+    read: dict[str, dict[str, set[str]]] = {}  # entry -> fingerprint -> the studies whose cells read it
+    for study, record in records:
+        for entry, value in record.items():
+            read.setdefault(entry, {}).setdefault(value, set()).add(study)
+    seen = {entry: read[entry] for entry in world_entries(record for _, record in records)}
     if not seen:
         return "The cells recorded no world (they predate the record): whether the studies read one is not known."
     unrecorded = sum(not record for _, record in records)
