@@ -35,6 +35,15 @@ original_dir, replication_dir = REPO_ROOT / replicates_dir, REPO_ROOT / outputs_
 original, again = replication.read_summaries(original_dir), replication.read_summaries(replication_dir)
 
 # %% [markdown]
+# ## The worlds they read
+#
+# Each study's analysis writes the world its cells read (worlds.csv: a hash of each entry's files). A replication in
+# another world is meant to differ here; one on fresh seeds is not.
+
+# %%
+print(replication.worlds_sentence(original, again, names))
+
+# %% [markdown]
 # ## Verdict by verdict
 #
 # Each comparison's difference (LoRA − FullFT, pass@1 on each study's held-out set, with its interval at the

@@ -12,9 +12,11 @@ from reward_density.analysis.plots import FIGURES, VERDICT_COLORS, plot_equivale
 from reward_density.analysis.report import matrix_counts, seeds_phrase, write_report
 from reward_density.analysis.stopping import answers_at_chosen_steps, chosen_steps, chosen_table
 from reward_density.analysis.tables import (
+    WORLDS,
     accuracy_table,
     compared_worlds_sentence,
     equivalence_table,
+    frame_worlds,
     gain_table,
     rounded,
 )
@@ -176,7 +178,7 @@ def test_report_and_every_figure_are_written_deterministically(outputs, tmp_path
     out = tmp_path / "analysis"
     report = write_report(cells, out, margin=0.05, confidence=0.95, profile_name="smoke")
     names = ["accuracy.csv", "accuracy.md", "equivalence.csv", "gain.csv", "plateau.csv", "collapse.csv", "kl.csv",
-             "report.md"]
+             "worlds.csv", "report.md"]
     names += [f"figures/{f}.png" for f in ("equivalence", *FIGURES)]
     first = {n: (out / n).read_bytes() for n in names}
     assert report == out / "report.md" and all(first.values())
@@ -323,13 +325,27 @@ def test_a_comparison_of_studies_says_whether_their_cells_read_one_world(tmp_pat
                 params.write_text(json.dumps(json.loads(params.read_text()) | {"world_fingerprints": record}))
         return load_cells(tmp_path / name)
 
-    a, b, c, d = study("a", "aaaa"), study("b", "aaaa"), study("c", "bbbb"), study("d", None)
+    a, b, c, d = (study(name, student).worlds for name, student in (("a", "aaaa"), ("b", "aaaa"), ("c", "bbbb"),
+                                                                     ("d", None)))
     assert compared_worlds_sentence({"A": a, "B": b}) == (
         "The compared studies' cells read one world: student aaaa, problems cccc (a hash of each entry's files).")
     assert compared_worlds_sentence({"A": a, "C": c}).startswith(
         "**The compared studies read different worlds**: student aaaa (A), bbbb (C). A difference paired")
     assert "one world (2 cells recorded none)" in compared_worlds_sentence({"A": a, "D": d})
     assert "whether the studies read one is not known" in compared_worlds_sentence({"D": d})
+
+
+def test_the_report_writes_each_cells_world_record_as_a_table_that_reads_back_as_recorded(tmp_path):
+    for seed in (0, 1):
+        write_cell(tmp_path, "outcome", None, seed, 6)
+    params = tmp_path / "cells" / "outcome-rfull-s0" / "params.json"
+    record = {"problems": "cccc", "student": "0123456789012345"}  # digits only: must not be read back as a number
+    params.write_text(json.dumps(json.loads(params.read_text()) | {"world_fingerprints": record}))
+    cells = load_cells(tmp_path)
+    write_report(cells, tmp_path / "a", margin=0.05, profile_name="tiny")
+    written = pd.read_csv(tmp_path / "a" / WORLDS, dtype=str, keep_default_na=False)
+    assert frame_worlds(written) == cells.worlds == {"outcome-rfull-s0": record, "outcome-rfull-s1": {}}, (
+        written.to_string())
 
 
 def test_the_report_shows_the_benchmark_ratio_when_one_was_run_and_says_how_when_not(outputs, tmp_path):

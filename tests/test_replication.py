@@ -10,6 +10,7 @@ from reward_density.analysis.replication import (
     verdict_agreement,
     write_replication_report,
 )
+from reward_density.analysis.tables import WORLDS, worlds_frame
 from reward_density.experiment.profiles import REPO_ROOT
 from reward_density.run.notebooks import execute_notebook
 
@@ -37,11 +38,15 @@ def steps(full_step: float) -> pd.DataFrame:
                           "heldout_pass1_std": 0.03} for arm, step, pass1 in arms])
 
 
-def study(folder, verdicts, base=0.36, gain=0.45, chosen=None, full_step=75.0):
-    """A finished study's tables; with chosen (its verdicts at the dev-chosen steps), a dev-stopped study's too."""
+def study(folder, verdicts, base=0.36, gain=0.45, chosen=None, full_step=75.0, student=None):
+    """A finished study's tables; with chosen (its verdicts at the dev-chosen steps), a dev-stopped study's too;
+    with student, the world its two cells read (worlds.csv: one of them recorded none)."""
     folder.mkdir(parents=True)
     equivalence(verdicts).to_csv(folder / "equivalence.csv", index=False)
     gains(base, gain).to_csv(folder / "gain.csv", index=False)
+    if student:
+        worlds = {"outcome-r1-s0": {"problems": "cccc", "student": student}, "outcome-rfull-s0": {}}
+        worlds_frame(worlds).to_csv(folder / WORLDS, index=False)
     if chosen:
         equivalence(chosen).to_csv(folder / "equivalence_chosen.csv", index=False)
         steps(full_step).to_csv(folder / "chosen_steps.csv", index=False)
@@ -104,6 +109,27 @@ def test_a_dev_stopped_study_beside_one_that_is_not_gets_no_chosen_step_section(
     assert "dev-chosen step" not in report and not (again / "replication_chosen.csv").exists()
 
 
+def test_the_report_says_whether_both_studies_read_one_world_and_not_known_where_one_wrote_none(tmp_path):
+    verdicts = {("outcome", "r1"): "equivalent"}
+    digits = "0123456789012345"  # a fingerprint of digits, read back as text
+    original = study(tmp_path / "mini", verdicts, student=digits)
+    same, other = study(tmp_path / "same", verdicts, student=digits), study(tmp_path / "other", verdicts, student="bbbb")
+    unrecorded = study(tmp_path / "old", verdicts)
+
+    def sentence(again):
+        report = write_replication_report(original, again, (NAMES[0], again.name), margin=0.05).read_text()
+        return report.split("\n\n")[2]
+
+    assert sentence(same) == ("The compared studies' cells read one world (2 cells recorded none): student "
+                              f"{digits}, problems cccc (a hash of each entry's files)."), "not read as one world"
+    assert sentence(other) == (
+        f"**The compared studies read different worlds** (2 cells recorded none): student {digits} (mini), bbbb "
+        "(other). A replication in another world is meant to; for one on fresh seeds of the same world, a verdict "
+        "that did not hold may owe it to the world rather than to the seeds.")
+    assert sentence(unrecorded) == ("Whether the two studies' cells read one world is not known: no worlds.csv in "
+                                    "old (the analysis writes it since cells record their world).")
+
+
 def test_a_study_without_its_tables_is_named_with_what_to_run(tmp_path):
     (tmp_path / "equivalence.csv").write_text("regime,arm\n")
     with pytest.raises(FileNotFoundError, match=r"has no gain\.csv: run that study's analysis first"):
@@ -114,15 +140,16 @@ def test_a_study_without_its_tables_is_named_with_what_to_run(tmp_path):
 def test_the_notebook_writes_the_report_and_the_verdicts_table(tmp_path, stopped):
     verdicts = {("outcome", "r1"): "equivalent", ("process", "r1"): "inconclusive"}
     chosen = {("process", "r1"): "different"} if stopped else None
-    original = study(tmp_path / "outputs" / "mini", verdicts, chosen=chosen)
+    original = study(tmp_path / "outputs" / "mini", verdicts, chosen=chosen, student="aaaa")
     again = study(tmp_path / "outputs" / "again", {**verdicts, ("process", "r1"): "different"}, base=0.30,
-                  chosen=chosen)
+                  chosen=chosen, student="bbbb")
     execute_notebook(REPO_ROOT / "notebooks" / "replication.py", tmp_path / "run.ipynb",
                      {"profile": "again", "outputs_dir": str(again), "replicates": "mini",
                       "replicates_dir": str(original)})
     printed = "".join(o.get("text", "") for c in nbformat.read(tmp_path / "run.ipynb", 4).cells
                       for o in c.get("outputs", []))
     assert "**1 of 2 verdicts agree**" in printed
+    assert "**The compared studies read different worlds** (2 cells recorded none): student aaaa (mini)" in printed
     report = (again / "replication.md").read_text()
     assert report.startswith("# again against mini") and "**1 of 2 verdicts agree**" in report and "0.300" in report
     assert pd.read_csv(again / "replication.csv")["agree"].tolist() == [True, False]

@@ -74,7 +74,7 @@ def write_kl_comparison(with_kl: Cells, without_kl: Cells, out_dir: str | Path, 
     text = "\n".join([
         f"# With and without the KL penalty ({names[0]} vs {names[1]})",
         "",
-        compared_worlds_sentence({names[0]: with_kl, names[1]: without_kl}),
+        compared_worlds_sentence({names[0]: with_kl.worlds, names[1]: without_kl.worlds}),
         "",
         "## Accuracy",
         "",

@@ -107,7 +107,7 @@ def write_method_comparison(studies: dict[str, Cells], out_dir: str | Path, regi
         f"# {' vs '.join(studies)} ({regime} regime)",
         "",
         *_studies_lines(studies, profiles or {}),
-        compared_worlds_sentence(studies),
+        compared_worlds_sentence({name: cells.worlds for name, cells in studies.items()}),
         "",
         f"## Accuracy: each method minus {base}",
         "",

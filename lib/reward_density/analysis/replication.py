@@ -3,7 +3,8 @@ study it replicates: verdict by verdict, and the FullFT gains that say whether R
 
 Both are read from the studies' own tables (equivalence.csv, gain.csv, written by their analyses), so the original
 study's cells need not be on disk: its committed summaries are enough. Where both stopped each cell at its best dev
-step (stopping.py), their comparisons at those steps are set side by side too.
+step (stopping.py), their comparisons at those steps are set side by side too; where both wrote the world their cells
+read (worlds.csv), the report says whether it was one.
 """
 from __future__ import annotations
 
@@ -12,24 +13,47 @@ from pathlib import Path
 import pandas as pd
 
 from .plots import plot_equivalence
-from .tables import Table, markdown_table
+from .tables import WORLDS, Table, compared_worlds_sentence, frame_worlds, markdown_table
 
 SUMMARIES = ("equivalence.csv", "gain.csv")
 STOPPING_SUMMARIES = ("equivalence_chosen.csv", "chosen_steps.csv")  # a dev-stopped study's (report.py), if any
+OPTIONAL_SUMMARIES = (*STOPPING_SUMMARIES, WORLDS)  # WORLDS: absent where the analysis predates it
 REPLICATION_FILES = ("replication.md", "replication.csv", "figures/replication.png")
 STOPPING_FILES = ("replication_chosen.csv", "figures/replication_chosen.png")
 STUDIES = ("original", "replication")  # the suffixes of each study's columns once both are side by side
 
 
 def read_summaries(study_dir: str | Path) -> dict[str, pd.DataFrame]:
-    """A finished study's equivalence and gain tables, and its dev-stopped ones where it has them, by file name;
-    a missing equivalence or gain table is an error naming it."""
+    """A finished study's equivalence and gain tables, and its dev-stopped ones and world records where it has
+    them, by file name; a missing equivalence or gain table is an error naming it."""
     folder = Path(study_dir)
     missing = [name for name in SUMMARIES if not (folder / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{folder} has no {' or '.join(missing)}: run that study's analysis first")
-    present = [*SUMMARIES, *(name for name in STOPPING_SUMMARIES if (folder / name).is_file())]
-    return {name: pd.read_csv(folder / name) for name in present}
+    present = [*SUMMARIES, *(name for name in OPTIONAL_SUMMARIES if (folder / name).is_file())]
+    return {name: _read_summary(folder / name) for name in present}
+
+
+def _read_summary(path: Path) -> pd.DataFrame:
+    """One summary table; the world records as text (a fingerprint of digits is not a number)."""
+    return pd.read_csv(path, dtype=str, keep_default_na=False) if path.name == WORLDS else pd.read_csv(path)
+
+
+REPLICATION_CONSEQUENCE = ("A replication in another world is meant to; for one on fresh seeds of the same world, a "
+                           "verdict that did not hold may owe it to the world rather than to the seeds.")
+
+
+def worlds_sentence(original: dict[str, pd.DataFrame], replication: dict[str, pd.DataFrame],
+                    names: tuple[str, str]) -> str:
+    """Whether the two studies' cells read one world, entry by entry, from their worlds.csv; not known where a
+    study has none."""
+    missing = [name for name, summaries in zip(names, (original, replication)) if WORLDS not in summaries]
+    if missing:
+        return (f"Whether the two studies' cells read one world is not known: no {WORLDS} in "
+                f"{' or '.join(missing)} (the analysis writes it since cells record their world).")
+    return compared_worlds_sentence({name: frame_worlds(summaries[WORLDS])
+                                     for name, summaries in zip(names, (original, replication))},
+                                    REPLICATION_CONSEQUENCE)
 
 
 def both_stopped(original: dict[str, pd.DataFrame], replication: dict[str, pd.DataFrame]) -> bool:
@@ -108,7 +132,7 @@ def write_replication_report(original_dir: str | Path, replication_dir: str | Pa
         f"The same LoRA-vs-FullFT comparisons in both studies, each at the margin and confidence level it was "
         f"analysed with (its report.md), read from their equivalence.csv and gain.csv. A flip from *equivalent* or "
         f"*different* to *inconclusive* is a loss of power; one between *equivalent* and *different* is a result "
-        f"that did not hold.\n\n## Verdicts\n\n{verdicts.markdown}\n"
+        f"that did not hold.\n\n{worlds_sentence(original, replication, names)}\n\n## Verdicts\n\n{verdicts.markdown}\n"
         f"![LoRA − FullFT per rank in both studies: TOST interval (thick), confidence interval (thin), "
         f"±{margin:g} margin (band)](figures/replication.png)\n\n"
         f"## Did training move both? FullFT's gain over its base (the SFT control's on its own skill)\n\n"

@@ -13,7 +13,7 @@ from .load import Cells, arm_name, arms, ranks, world_entries
 from .plots import FIGURES, plot_equivalence
 from .speed import speed_markdown
 from .stopping import answers_at_chosen_steps, chosen_table
-from .tables import Table, accuracy_table, equivalence_table, gain_table, power_markdown
+from .tables import WORLDS, Table, accuracy_table, equivalence_table, gain_table, power_markdown, worlds_frame
 
 
 def matrix_counts(cells: Cells) -> dict:
@@ -128,14 +128,15 @@ INTERVAL = ("two-way random-effects interval over seeds and problems (crossed): 
 
 def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: float = 0.95,
                  profile_name: str = "", planned: Sequence[str] | None = None) -> Path:
-    """Write the tables (CSV and markdown), the figures and report.md under out_dir; return report.md's path.
-    `planned`: the profile's cell names, when known, so that a report of part of the matrix says so."""
+    """Write the tables (CSV and markdown), the cells' world records (worlds.csv), the figures and report.md under
+    out_dir; return report.md's path. `planned`: the profile's cell names, when known, so that a report of part of the matrix says so."""
     out = Path(out_dir)
     (out / "figures").mkdir(parents=True, exist_ok=True)
     tables = report_tables(cells, margin, confidence)
     for name, table in tables.items():
         table.frame.to_csv(out / f"{name}.csv", index=False)
     (out / "accuracy.md").write_text(tables["accuracy"].markdown)
+    worlds_frame(cells.worlds).to_csv(out / WORLDS, index=False)
     plot_equivalence(tables["equivalence"].frame, margin, out / "figures" / f"{EQUIVALENCE_FIGURE}.png")
     for name, plot in FIGURES.items():
         plot(cells, out / "figures" / f"{name}.png")

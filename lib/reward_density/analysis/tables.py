@@ -140,10 +140,32 @@ def comparison(a: pd.DataFrame, b: pd.DataFrame, margin: float, confidence: floa
             "n_pairs": diff.n_pairs, "n_seeds": diff.n_seeds, "n_problems": diff.n_problems}
 
 
-def compared_worlds_sentence(studies: dict[str, Cells]) -> str:
-    """Whether the compared studies' cells read one world, entry by entry: paired over problems, a difference between
-    studies that read two worlds mixes what they compare with the world they ran on."""
-    records = [(study, record) for study, cells in studies.items() for record in cells.worlds.values()]
+WORLDS = "worlds.csv"  # a study's cells' world records (report.py writes it; a replication reads it back)
+PAIRED_CONSEQUENCE = "A difference paired over problems then mixes what the studies compare with the world they ran on."
+
+
+def worlds_frame(worlds: dict[str, dict[str, str]]) -> pd.DataFrame:
+    """Cells' world records (Cells.worlds) as rows of cell, entry and fingerprint; a cell that recorded none gets
+    one row with both empty."""
+    rows = [[cell, entry, value] for cell, record in worlds.items() for entry, value in (record or {"": ""}).items()]
+    return pd.DataFrame(rows, columns=["cell", "entry", "fingerprint"])
+
+
+def frame_worlds(frame: pd.DataFrame) -> dict[str, dict[str, str]]:
+    """worlds_frame's rows (read with dtype=str, empty kept as '') back as each cell's record."""
+    worlds: dict[str, dict[str, str]] = {}
+    for row in frame.itertuples():
+        record = worlds.setdefault(row.cell, {})
+        if row.entry:
+            record[row.entry] = row.fingerprint
+    return worlds
+
+
+def compared_worlds_sentence(worlds: dict[str, dict[str, dict[str, str]]],
+                             consequence: str = PAIRED_CONSEQUENCE) -> str:
+    """Whether the compared studies' cells read one world, entry by entry, from each study's cells' records (study
+    -> cell -> Cells.worlds' record); `consequence` says what two worlds mean for the comparison."""
+    records = [(study, record) for study, cells in worlds.items() for record in cells.values()]
     read: dict[str, dict[str, set[str]]] = {}  # entry -> fingerprint -> the studies whose cells read it
     for study, record in records:
         for entry, value in record.items():
@@ -159,8 +181,7 @@ def compared_worlds_sentence(studies: dict[str, Cells]) -> str:
         return f"The compared studies' cells read one world{caveat}: {one} (a hash of each entry's files)."
     parts = [f"{entry} " + ", ".join(f"{value} ({', '.join(sorted(names))})" for value, names in values.items())
              for entry, values in differing.items()]
-    return (f"**The compared studies read different worlds**{caveat}: {'; '.join(parts)}. A difference paired over "
-            "problems then mixes what the studies compare with the world they ran on.")
+    return f"**The compared studies read different worlds**{caveat}: {'; '.join(parts)}. {consequence}"
 
 
 def gain_table(cells: Cells, confidence: float = 0.95) -> Table:
