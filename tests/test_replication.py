@@ -113,7 +113,8 @@ def test_the_report_says_whether_both_studies_read_one_world_and_not_known_where
     verdicts = {("outcome", "r1"): "equivalent"}
     digits = "0123456789012345"  # a fingerprint of digits, read back as text
     original = study(tmp_path / "mini", verdicts, student=digits)
-    same, other = study(tmp_path / "same", verdicts, student=digits), study(tmp_path / "other", verdicts, student="bbbb")
+    same = study(tmp_path / "same", verdicts, student=digits)
+    other = study(tmp_path / "other", verdicts, student="bbbb")
     unrecorded = study(tmp_path / "old", verdicts)
 
     def sentence(again):

@@ -129,7 +129,8 @@ INTERVAL = ("two-way random-effects interval over seeds and problems (crossed): 
 def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: float = 0.95,
                  profile_name: str = "", planned: Sequence[str] | None = None) -> Path:
     """Write the tables (CSV and markdown), the cells' world records (worlds.csv), the figures and report.md under
-    out_dir; return report.md's path. `planned`: the profile's cell names, when known, so that a report of part of the matrix says so."""
+    out_dir; return report.md's path. `planned`: the profile's cell names, when known, so that a report of part of
+    the matrix says so."""
     out = Path(out_dir)
     (out / "figures").mkdir(parents=True, exist_ok=True)
     tables = report_tables(cells, margin, confidence)
