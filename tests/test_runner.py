@@ -487,6 +487,14 @@ def test_the_benchmark_stage_is_opt_in_and_writes_where_the_analysis_reads(root)
         speed_markdown(outputs)
 
 
+@pytest.mark.parametrize("stages, said", [("cells,fo", "unknown stage(s) ['fo']"), (" , ", "no stage given")])
+def test_a_stage_list_naming_no_known_stage_is_refused_saying_which(stages, said, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _parser().parse_args(["--profile", "tiny", "--stages", stages])
+    error = capsys.readouterr().err
+    assert exit_.value.code == 2 and said in error and "choose from world, baseline, cells" in error, error
+
+
 def test_a_kernel_that_never_answers_is_started_again_and_other_errors_are_not_retried(tmp_path, monkeypatch):
     calls = []
 

@@ -37,7 +37,8 @@ def _parse_stages(text: str) -> list[str]:
     stages = [stage.strip() for stage in text.split(",") if stage.strip()]
     unknown = [stage for stage in stages if stage not in STAGES]
     if unknown or not stages:
-        raise argparse.ArgumentTypeError(f"unknown stage(s) {unknown}; choose from {', '.join(STAGES)}")
+        given = f"unknown stage(s) {unknown}" if unknown else "no stage given"
+        raise argparse.ArgumentTypeError(f"{given}; choose from {', '.join(STAGES)}")
     return [stage for stage in STAGES if stage in stages]
 
 
