@@ -429,6 +429,15 @@ def test_malformed_yaml_names_the_file(tmp_path):
     assert "not valid YAML" in message
 
 
+def test_a_key_given_twice_is_refused_naming_it_rather_than_the_last_kept(tmp_path):
+    text = yaml.safe_dump(tiny(), sort_keys=False)
+    message = error_of(tmp_path, text + "matrix:\n  ranks: [1]\n")  # a section appended below the profile's own
+    assert "found the key 'matrix' twice" in message, message
+    nested = text.replace("  group_size: 2\n", "  group_size: 2\n  group_size: 3\n")
+    assert nested != text, "the smoke profile no longer sets cell.group_size: pick another key"
+    assert "found the key 'group_size' twice" in error_of(tmp_path, nested)
+
+
 def test_empty_file(tmp_path):
     assert "expected a mapping with keys profile, world" in error_of(tmp_path, "")
 

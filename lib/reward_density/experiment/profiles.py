@@ -238,12 +238,27 @@ def find_profile(spec: str, root: Path = REPO_ROOT) -> Path:
     return path
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: plain YAML keeps the last silently, so a
+    section appended to a profile would replace the one above it."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, f"found the key {key!r} twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_profile(path: str | Path) -> Profile:
     """Read and fully validate a profile; every problem is a ProfileError naming file and key."""
     path = Path(path)
     try:
         with path.open() as stream:
-            data = yaml.safe_load(stream)
+            data = yaml.load(stream, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise ProfileError(f"{path}: not valid YAML: {exc}") from exc
     except OSError as exc:
