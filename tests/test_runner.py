@@ -495,6 +495,17 @@ def test_a_stage_list_naming_no_known_stage_is_refused_saying_which(stages, said
     assert exit_.value.code == 2 and said in error and "choose from world, baseline, cells" in error, error
 
 
+def test_a_notebook_runs_in_a_kernel_whose_traffic_is_encrypted_where_the_installed_packages_can(tmp_path, capfd):
+    source = tmp_path / "answer.py"
+    source.write_text("# %%\nprint(6 * 7)\n")
+    notebooks.execute_notebook(source, tmp_path / "answer.ipynb", {})
+    printed = json.loads((tmp_path / "answer.ipynb").read_text())["cells"][0]["outputs"][0]["text"]
+    assert "".join(printed) == "42\n"
+    error = capfd.readouterr().err
+    if notebooks.kernel_config():  # pyzmq with CurveZMQ and jupyter_client 8.10+, as the set-up installs them
+        assert "without encryption" not in error, f"the kernel ran unencrypted:\n{error}"
+
+
 def test_a_kernel_that_never_answers_is_started_again_and_other_errors_are_not_retried(tmp_path, monkeypatch):
     calls = []
 

@@ -10,8 +10,11 @@ from typing import Any
 import jupytext
 import nbformat
 import papermill
+import zmq
+from jupyter_client import KernelManager
 from nbclient.exceptions import DeadKernelError
 from papermill.exceptions import PapermillExecutionError
+from traitlets.config import Config
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
 FAILURE_PREFIX = "CELL FAILED: "  # starts the line a failed cell prints (its log's way to tell why)
@@ -20,6 +23,15 @@ FAILURE_PREFIX = "CELL FAILED: "  # starts the line a failed cell prints (its lo
 # while the other ran its notebook in 3 s.
 KERNEL_START_ATTEMPTS = 3
 KERNEL_START_FAILURES = ("Kernel didn't respond in", "Kernel died before replying to kernel_info")
+
+
+def kernel_config() -> Config:
+    """The kernel manager's settings: CurveZMQ keys for a kernel that declares it can use them. A kernel talks to
+    its runner over loopback TCP, and ipykernel 7 warns at every start that this traffic is not encrypted; 'auto'
+    encrypts it where the installed pyzmq, jupyter_client (8.10+) and kernel can, and changes nothing elsewhere."""
+    if zmq.has("curve") and KernelManager.class_traits().get("transport_encryption"):
+        return Config({"KernelManager": {"transport_encryption": "auto"}})
+    return Config()
 
 
 class NotebookFailed(RuntimeError):
@@ -105,6 +117,7 @@ def _papermill(notebook: Path, output: Path, parameters: dict[str, Any], cwd: Pa
         # Every output has arrived when the last cell ends; a graceful shutdown would wait 2.5 s
         # for a kernel that has spawned a process (the math-verify worker) before killing it anyway.
         shutdown_kernel="immediate",
+        config=kernel_config(),
     )
 
 
