@@ -68,6 +68,8 @@ def test_the_sweep_report_lists_every_arm_rate_and_its_late_share(tmp_path):
     path = write_sweep_report(sweep(tmp_path), tmp_path / "out", "test")
     text = path.read_text()
     assert "share of gain in last 25%" in text and "62%" in text and "7%" in text
+    assert "Trained by (each cell's manifest.json): code no commit recorded (28 cells)" in text, "who trained them"
+    assert "World read (each cell's params.json: a hash of each entry's files): not recorded (28 cells)." in text
     assert (tmp_path / "out" / "chosen_rates.csv").is_file()
 
 

@@ -88,7 +88,7 @@ def _counted(values: list[str]) -> str:
     return ", ".join(f"{value} ({n} cell{'s' * (n > 1)})" for value, n in Counter(values).most_common())
 
 
-def _provenance_sentence(cells: Cells) -> str:
+def provenance_sentence(cells: Cells) -> str:
     """Which code, packages and device trained the finished cells, from their manifests; more than one of any
     shows with its count, so a study resumed elsewhere or at another commit says so."""
     manifests = [cells.manifests[name] for name in sorted(cells.manifests)]
@@ -110,7 +110,7 @@ def _provenance_sentence(cells: Cells) -> str:
             f"on {_counted([m.get('device', 'no device recorded') for m in manifests])}.")
 
 
-def _world_sentence(cells: Cells) -> str:
+def world_sentence(cells: Cells) -> str:
     """Which world the finished cells read, entry by entry, from their params.json; cells that read two worlds (a
     study resumed after the world was rebuilt, cells copied from another machine) show both, with their counts."""
     records = list(cells.worlds.values())
@@ -171,8 +171,8 @@ def _header(cells: Cells, profile_name: str, planned: Sequence[str] | None) -> l
         f"(unfinished folders: {counts['unfinished']}).",
         *([planned_sentence(cells, planned)] if planned is not None else []),
         _ranks_sentence(cells),
-        _provenance_sentence(cells),
-        _world_sentence(cells),
+        provenance_sentence(cells),
+        world_sentence(cells),
         "",
     ]
 

@@ -20,7 +20,7 @@ import pandas as pd
 from ..experiment.config import FULL
 from .dynamics import PLATEAU_REGIMES, PLATEAU_SHARE, is_plateau, last_quarter_share
 from .load import Cells, regimes
-from .report import planned_sentence
+from .report import planned_sentence, provenance_sentence, world_sentence
 from .stopping import best_steps
 from .tables import Table, markdown_table
 
@@ -122,7 +122,10 @@ def write_sweep_report(cells: Cells, out_dir: str | Path, profile_name: str = ""
         "",
         _criterion_text(by) + " Evaluated on the world's dev problems, never on the study's held-out set.",
         "",
-        *([planned_sentence(cells, planned), ""] if planned is not None else []),
+        *([planned_sentence(cells, planned)] if planned is not None else []),
+        provenance_sentence(cells),
+        world_sentence(cells),
+        "",
         chosen.markdown,
         "## Every arm at every rate",
         "",
