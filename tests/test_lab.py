@@ -12,10 +12,13 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
+from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
 
 from reward_density.experiment.profiles import REPO_ROOT
+from reward_density.run.notebooks import encrypts_kernels
 from reward_density.tools.lab import OVERRIDES, lab_command, write_overrides
 from reward_density.tools.lab import main as lab_main
 
@@ -30,10 +33,10 @@ def free_port() -> int:
 
 
 class Lab:
-    """A running JupyterLab server: its base URL, token, and a JSON client of its REST API."""
+    """A running JupyterLab server: its base URL, token, log file, and a JSON client of its REST API."""
 
-    def __init__(self, url: str, token: str, process: subprocess.Popen) -> None:
-        self.url, self.token, self.process = url, token, process
+    def __init__(self, url: str, token: str, process: subprocess.Popen, log: Path) -> None:
+        self.url, self.token, self.process, self.log = url, token, process, log
 
     def api(self, path: str, method: str = "GET", body: dict | None = None) -> dict:
         request = urllib.request.Request(f"{self.url}{path}", method=method,
@@ -56,7 +59,7 @@ def lab(tmp_path_factory):
     with open(log_path, "w") as log:
         process = subprocess.Popen([*command, f"--LabApp.workspaces_dir={workspaces}"], stdout=log,
                                    stderr=subprocess.STDOUT)
-        server = Lab(f"http://127.0.0.1:{port}", token, process)
+        server = Lab(f"http://127.0.0.1:{port}", token, process, log_path)
         deadline = time.time() + START_SECONDS
         while True:
             try:
@@ -156,6 +159,8 @@ def test_the_reward_debug_notebook_runs_in_a_kernel_the_server_started(lab, smok
     text = "\n".join(m["content"].get("text", "") + json.dumps(m["content"].get("data", {})) for m in outputs)
     assert "2 completions sampled: 2 for each of 1 problems" in text
     assert "process reward" in text and "<span title=" in text
+    if encrypts_kernels(MappingKernelManager):  # jupyter_server, jupyter_client and pyzmq as the set-up installs them
+        assert "without encryption" not in lab.log.read_text(), "the server's kernel ran unencrypted"
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

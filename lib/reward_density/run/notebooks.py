@@ -25,11 +25,16 @@ KERNEL_START_ATTEMPTS = 3
 KERNEL_START_FAILURES = ("Kernel didn't respond in", "Kernel died before replying to kernel_info")
 
 
+def encrypts_kernels(manager: type) -> bool:
+    """Whether this kernel manager class (jupyter_client 8.10+, jupyter_server) can give kernels CurveZMQ keys, and
+    pyzmq can use them. A kernel talks to its runner over loopback TCP, and ipykernel 7 warns at every start that
+    this traffic is not encrypted; transport_encryption 'auto' encrypts it for a kernel that declares it can."""
+    return bool(zmq.has("curve") and manager.class_traits().get("transport_encryption"))
+
+
 def kernel_config() -> Config:
-    """The kernel manager's settings: CurveZMQ keys for a kernel that declares it can use them. A kernel talks to
-    its runner over loopback TCP, and ipykernel 7 warns at every start that this traffic is not encrypted; 'auto'
-    encrypts it where the installed pyzmq, jupyter_client (8.10+) and kernel can, and changes nothing elsewhere."""
-    if zmq.has("curve") and KernelManager.class_traits().get("transport_encryption"):
+    """The headless kernels' manager settings: encrypted where encrypts_kernels, as they are otherwise."""
+    if encrypts_kernels(KernelManager):
         return Config({"KernelManager": {"transport_encryption": "auto"}})
     return Config()
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..experiment.profiles import REPO_ROOT
+from ..run.notebooks import encrypts_kernels
 
 OVERRIDES = {
     "@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"python": "Jupytext Notebook"}},
@@ -56,9 +57,20 @@ def lab_command(root: Path = REPO_ROOT, *, port: int | None = None, token: str |
         command.append("--no-browser")
     if settings is not None:
         command.append(f"--LabApp.app_settings_dir={settings}")
+    if _server_encrypts_kernels():
+        command.append("--MappingKernelManager.transport_encryption=auto")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         command.append("--allow-root")  # containers often run as root; Jupyter refuses that unless told
     return command
+
+
+def _server_encrypts_kernels() -> bool:
+    """Whether the installed Jupyter server can start its kernels with CurveZMQ keys (run/notebooks.py)."""
+    try:
+        from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
+    except ImportError:  # not installed yet: `./run_all.sh lab` installs it before it builds the command
+        return False
+    return encrypts_kernels(MappingKernelManager)
 
 
 def tcp_port(value: str) -> int:
