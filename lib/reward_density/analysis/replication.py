@@ -21,6 +21,9 @@ OPTIONAL_SUMMARIES = (*STOPPING_SUMMARIES, WORLDS)  # WORLDS: absent where the a
 REPLICATION_FILES = ("replication.md", "replication.csv", "figures/replication.png")
 STOPPING_FILES = ("replication_chosen.csv", "figures/replication_chosen.png")
 STUDIES = ("original", "replication")  # the suffixes of each study's columns once both are side by side
+# What two worlds mean for a replication (tables.compared_worlds_sentence)
+REPLICATION_CONSEQUENCE = ("A replication in another world is meant to; for one on fresh seeds of the same world, a "
+                           "verdict that did not hold may owe it to the world rather than to the seeds.")
 
 
 def read_summaries(study_dir: str | Path) -> dict[str, pd.DataFrame]:
@@ -37,10 +40,6 @@ def read_summaries(study_dir: str | Path) -> dict[str, pd.DataFrame]:
 def _read_summary(path: Path) -> pd.DataFrame:
     """One summary table; the world records as text (a fingerprint of digits is not a number)."""
     return pd.read_csv(path, dtype=str, keep_default_na=False) if path.name == WORLDS else pd.read_csv(path)
-
-
-REPLICATION_CONSEQUENCE = ("A replication in another world is meant to; for one on fresh seeds of the same world, a "
-                           "verdict that did not hold may owe it to the world rather than to the seeds.")
 
 
 def worlds_sentence(original: dict[str, pd.DataFrame], replication: dict[str, pd.DataFrame],

@@ -33,7 +33,7 @@ def encrypts_kernels(manager: type) -> bool:
 
 
 def kernel_config() -> Config:
-    """The headless kernels' manager settings: encrypted where encrypts_kernels, as they are otherwise."""
+    """The headless kernels' manager settings: CurveZMQ keys where encrypts_kernels(KernelManager), else none."""
     if encrypts_kernels(KernelManager):
         return Config({"KernelManager": {"transport_encryption": "auto"}})
     return Config()
