@@ -6,12 +6,14 @@ a MATH-500-style held-out file. Only sizes change; precision (bf16 autocast), mi
 checkpointing, the prompt template and the loaders are the paper profile's own.
 """
 import json
+import urllib.error
 
 import pandas as pd
 import pytest
 import yaml
 
 from reward_density.experiment.profiles import REPO_ROOT, load_profile
+from reward_density.run import reachability
 from reward_density.run.cli import main
 from reward_density.run.lock import LOCK_FILE
 from reward_density.tools.stand_ins import MATH_SUBJECTS, build_paper_stand_ins
@@ -83,3 +85,38 @@ def test_an_unreachable_model_or_dataset_stops_the_run_before_any_cell(root, tmp
     assert "world.heldout" in error and "no-such-MATH-500" in error, error
     written = [path for path in (tmp_path / "outputs").rglob("*") if path.is_file() and path.name != LOCK_FILE]
     assert not written, f"work started although the world cannot be reached: {written}"
+
+
+@pytest.mark.parametrize("hub", ["does not answer", "answers", "offline mode"])
+def test_a_hub_that_does_not_answer_is_said_at_once_and_no_hub_id_is_tried(hub, monkeypatch, tmp_path):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", hub == "offline mode")
+    probes = []
+
+    def probe(request, timeout):
+        probes.append(request.full_url)
+        if hub == "does not answer":
+            raise urllib.error.URLError("[Errno -2] Name or service not known")
+        raise urllib.error.HTTPError(request.full_url, 401, "Unauthorized", {}, None)  # it answered
+
+    tried = []
+    monkeypatch.setattr(reachability.urllib.request, "urlopen", probe)
+    monkeypatch.setattr(reachability, "_model_problem", lambda key, source: tried.append(key))
+    monkeypatch.setattr(reachability, "_dataset_problem", lambda key, source, data: tried.append(key))
+    world = {"student": "Qwen/Qwen3-1.7B-Base", "teacher": str(tmp_path / "teacher"), "prm": "peiyi9979/prm",
+             "problems": "EleutherAI/hendrycks_math"}
+    if hub != "does not answer":
+        reachability.check_world(world, {})
+        assert tried == list(world), "every entry is tried where the hub answers or the cache is read"
+        assert len(probes) == (hub == "answers"), "offline mode asks the hub nothing"
+        return
+    with pytest.raises(reachability.WorldUnreachable) as caught:
+        reachability.check_world(world, {})
+    message = str(caught.value)
+    assert tried == ["teacher"], "a hub id was tried although the hub did not answer, or a local path was not"
+    endpoint = huggingface_hub.constants.ENDPOINT
+    assert (f"world.student = 'Qwen/Qwen3-1.7B-Base': the hub ({endpoint}) does not answer: URLError"
+            in message and "world.problems = 'EleutherAI/hendrycks_math'" in message), message
+    assert "HF_HUB_OFFLINE=1" in message and "teacher" not in message, message
+    assert len(probes) == 1

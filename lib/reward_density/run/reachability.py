@@ -1,13 +1,20 @@
 """Before any training starts: can every model and dataset a profile names be reached?
 
 A paper run that finds out at cell 30 that the PRM id was mistyped, or that the hub is offline, has
-wasted hours; this check reads only configs and dataset metadata, in seconds (about two minutes on a machine
-that cannot reach the hub at all, measured on the paper profile: the datasets library retries before it gives up).
+wasted hours; this check reads only configs and dataset metadata, in seconds. A machine that cannot reach the hub
+at all is told so by one request first: the datasets library's retries would take about two minutes to say it
+(measured on the paper profile).
 """
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
+
+MODELS = ("student", "teacher", "prm")
+DATASETS = ("problems", "heldout")
+HUB_PROBE_SECONDS = 10
 
 
 class WorldUnreachable(ValueError):
@@ -47,13 +54,43 @@ def _first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"
 
 
+def _is_hub_id(source: str) -> bool:
+    """Whether a world entry is a hub id: the runner passes local paths made absolute (resolve_world_entry)."""
+    return not Path(source).expanduser().is_absolute()
+
+
+def hub_unreachable() -> str | None:
+    """Why the hub's endpoint does not answer one request, or None: it answered (any HTTP status), or offline mode
+    (HF_HUB_OFFLINE) is on, where the loaders read the local cache and ask the hub nothing."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    try:
+        urllib.request.urlopen(urllib.request.Request(constants.ENDPOINT, method="HEAD"), timeout=HUB_PROBE_SECONDS)
+    except urllib.error.HTTPError:
+        return None
+    except OSError as error:  # no name resolution, no route, refused, timed out (URLError is an OSError)
+        return f"the hub ({constants.ENDPOINT}) does not answer: {_first_line(error)}"
+    return None
+
+
+def _problem(key: str, source: str, data: dict[str, Any], no_hub: str | None) -> str | None:
+    """Why this entry cannot be loaded, or None; a hub id is not tried when the hub does not answer (no_hub: why)."""
+    if no_hub and _is_hub_id(source):
+        return f"world.{key} = {source!r}: {no_hub}"
+    return _model_problem(key, source) if key in MODELS else _dataset_problem(key, source, data)
+
+
 def check_world(world: dict[str, str], data: dict[str, Any]) -> None:
     """Raise WorldUnreachable naming every model or dataset entry that cannot be loaded."""
-    problems = [_model_problem(key, world[key]) for key in ("student", "teacher", "prm")]
-    problems += [_dataset_problem(key, world[key], data) for key in ("problems", "heldout") if world.get(key)]
+    entries = {key: world[key] for key in (*MODELS, *DATASETS) if world.get(key)}
+    no_hub = hub_unreachable() if any(_is_hub_id(source) for source in entries.values()) else None
+    problems = [_problem(key, source, data, no_hub) for key, source in entries.items()]
     problems = [p for p in problems if p]
     if problems:
+        advice = "; a cache that holds them is read with HF_HUB_OFFLINE=1" if no_hub else ""
         raise WorldUnreachable(
             "cannot reach these world entries (hub offline, a wrong id, or a missing local copy; local paths "
-            "work wherever a hub id does):\n  " + "\n  ".join(problems)
+            f"work wherever a hub id does{advice}):\n  " + "\n  ".join(problems)
         )
