@@ -7,6 +7,7 @@ checkpointing, the prompt template and the loaders are the paper profile's own.
 """
 import json
 import urllib.error
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -87,11 +88,21 @@ def test_an_unreachable_model_or_dataset_stops_the_run_before_any_cell(root, tmp
     assert not written, f"work started although the world cannot be reached: {written}"
 
 
+def cache_model(cache: Path, repo_id: str) -> None:
+    """A hub model's config in a Hugging Face cache laid out as the hub's downloads leave it."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    (repo / "snapshots" / ("0" * 40) / "config.json").write_text("{}")
+
+
 @pytest.mark.parametrize("hub", ["does not answer", "answers", "offline mode"])
 def test_a_hub_that_does_not_answer_is_said_at_once_and_no_hub_id_is_tried(hub, monkeypatch, tmp_path):
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", hub == "offline mode")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     probes = []
 
     def probe(request, timeout):
@@ -118,5 +129,26 @@ def test_a_hub_that_does_not_answer_is_said_at_once_and_no_hub_id_is_tried(hub, 
     endpoint = huggingface_hub.constants.ENDPOINT
     assert (f"world.student = 'Qwen/Qwen3-1.7B-Base': the hub ({endpoint}) does not answer: URLError"
             in message and "world.problems = 'EleutherAI/hendrycks_math'" in message), message
-    assert "HF_HUB_OFFLINE=1" in message and "teacher" not in message, message
+    assert "and the local cache lacks it" in message and "teacher" not in message, message
     assert len(probes) == 1
+
+
+def test_where_the_hub_does_not_answer_a_world_in_the_local_cache_runs_with_a_note(monkeypatch, tmp_path, capsys):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+
+    def no_route(request, timeout):
+        raise urllib.error.URLError("no route")
+
+    monkeypatch.setattr(reachability.urllib.request, "urlopen", no_route)
+    tried = []
+    monkeypatch.setattr(reachability, "_model_problem", lambda key, source: tried.append(key))
+    world = {"student": "Qwen/Qwen3-1.7B-Base", "teacher": "Qwen/Qwen3-8B", "prm": str(tmp_path / "prm")}
+    for repo_id in ("Qwen/Qwen3-1.7B-Base", "Qwen/Qwen3-8B"):
+        cache_model(tmp_path / "cache", repo_id)
+    reachability.check_world(world, {})
+    assert tried == ["prm"], "a cached hub id was tried against a hub that does not answer"
+    note = capsys.readouterr().err
+    assert "student, teacher read from the local cache: set HF_HUB_OFFLINE=1" in note, note

@@ -7,6 +7,7 @@ at all is told so by one request first: the datasets library's retries would tak
 """
 from __future__ import annotations
 
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -75,10 +76,22 @@ def hub_unreachable() -> str | None:
     return None
 
 
+def _cached(key: str, source: str) -> bool:
+    """Whether the local Hugging Face cache holds this hub id's config (a model) or card (a dataset)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    filename, kind = ("config.json", "model") if key in MODELS else ("README.md", "dataset")
+    try:
+        return isinstance(try_to_load_from_cache(source, filename, repo_type=kind), str)
+    except ValueError:  # not a valid repo id: not in the cache either
+        return False
+
+
 def _problem(key: str, source: str, data: dict[str, Any], no_hub: str | None) -> str | None:
-    """Why this entry cannot be loaded, or None; a hub id is not tried when the hub does not answer (no_hub: why)."""
+    """Why this entry cannot be loaded, or None; a hub id is not tried when the hub does not answer (no_hub: why):
+    the loaders would retry the hub for minutes."""
     if no_hub and _is_hub_id(source):
-        return f"world.{key} = {source!r}: {no_hub}"
+        return f"world.{key} = {source!r}: {no_hub}, and the local cache lacks it"
     return _model_problem(key, source) if key in MODELS else _dataset_problem(key, source, data)
 
 
@@ -86,11 +99,15 @@ def check_world(world: dict[str, str], data: dict[str, Any]) -> None:
     """Raise WorldUnreachable naming every model or dataset entry that cannot be loaded."""
     entries = {key: world[key] for key in (*MODELS, *DATASETS) if world.get(key)}
     no_hub = hub_unreachable() if any(_is_hub_id(source) for source in entries.values()) else None
-    problems = [_problem(key, source, data, no_hub) for key, source in entries.items()]
+    # Where the hub does not answer, a hub id in the local cache is loadable (the loaders fall back to it).
+    cached = [key for key, source in entries.items() if no_hub and _is_hub_id(source) and _cached(key, source)]
+    problems = [_problem(key, source, data, no_hub) for key, source in entries.items() if key not in cached]
     problems = [p for p in problems if p]
     if problems:
-        advice = "; a cache that holds them is read with HF_HUB_OFFLINE=1" if no_hub else ""
         raise WorldUnreachable(
             "cannot reach these world entries (hub offline, a wrong id, or a missing local copy; local paths "
-            f"work wherever a hub id does{advice}):\n  " + "\n  ".join(problems)
+            "work wherever a hub id does):\n  " + "\n  ".join(problems)
         )
+    if cached:
+        print(f"note: {no_hub}; {', '.join(cached)} read from the local cache: set HF_HUB_OFFLINE=1 so that no load "
+              "waits for the hub", file=sys.stderr)
