@@ -44,11 +44,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from reward_density.experiment.profiles import REPO_ROOT
-from reward_density.world.build import build_world, stale_components, world_config
+from reward_density.world.build import build_world, config_from_parameters, stale_components
 
-targets = {k: v for k, v in {"student_target": student_target, "teacher_min_accuracy": teacher_min_accuracy}.items()
-           if v is not None}
-config = world_config(size, seed=seed, **targets, **overrides)
+config = config_from_parameters(size, seed, student_target, teacher_min_accuracy, overrides)
 world_dir = Path(out_dir) if Path(out_dir).is_absolute() else REPO_ROOT / out_dir
 print("to build:", ", ".join(stale_components(config, world_dir)) or "nothing, the world is up to date")
 

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import types
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,13 @@ import yaml
 
 from reward_density.analysis.speed import speed_markdown
 from reward_density.experiment.profiles import COMPARISONS, REPO_ROOT, cell_config, load_profile
-from reward_density.experiment.provenance import code_fingerprint, fingerprint, fingerprints, read_json
+from reward_density.experiment.provenance import (
+    code_fingerprint,
+    fingerprint,
+    fingerprints,
+    read_json,
+    write_json_atomic,
+)
 from reward_density.run import notebooks, stages
 from reward_density.run.cli import _parser, main
 from reward_density.run.local import gpu_slots, run_matrix
@@ -27,6 +34,7 @@ from reward_density.run.lock import exclusive
 from reward_density.run.matrix import StaleCells, cpu_count, select_cells
 from reward_density.run.notebooks import NotebookFailed
 from reward_density.run.stages import run_stage, stage_benchmark
+from reward_density.world.build import BUILD_PARAMETERS, component_keys, config_from_parameters
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TRAIN = Path("notebooks/train_cell.py")
@@ -135,6 +143,49 @@ def test_a_finished_cell_whose_world_changed_since_stops_the_cells_stage_and_is_
         run_matrix(profile_of(root), root, TRAIN)
     assert (folder / "summary.json").stat().st_mtime_ns == before, "the finished cell was touched"
     assert not cell_dir(root, "process-r1-s0").exists(), "a cell ran although the run was refused"
+
+
+def test_a_world_build_that_would_replace_what_finished_cells_read_is_refused_before_it_starts(root, monkeypatch,
+                                                                                               capsys):
+    world, build = root / "outputs" / "smoke" / "world", profile_of(root).build_world
+    config = config_from_parameters(**{k: v for k, v in build.items() if k in BUILD_PARAMETERS})
+    for name in ("control", "tokenizer"):
+        (world / name).mkdir()
+        (world / name / "data.json").write_text("{}")
+    keys = component_keys(config)
+    write_json_atomic(world / "manifest.json", {"config": asdict(config),
+                                                "components": {name: {"key": keys[name]} for name in keys}})
+
+    def finished(folder: Path, record: dict) -> None:
+        folder.mkdir(parents=True)
+        (folder / "params.json").write_text(json.dumps({"world_fingerprints": record}))
+        (folder / "summary.json").write_text("{}")
+
+    finished(cell_dir(root, "outcome-r1-s0"), {"student": fingerprint(world / "student"), "problems": "elsewhere"})
+    finished(root / "outputs" / "other" / "cells" / "process-r1-s0", {"prm": fingerprint(world / "prm")})
+    finished(root / "outputs" / "other" / "cells" / "outcome-r1-s1", {"student": "another world's"})
+    built = []
+    monkeypatch.setattr(stages, "run_stage", lambda *args: built.append(args))
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "world"]) == 0 and len(built) == 1, (
+        "an up-to-date world was refused")
+    path = root / "params" / "tiny.yaml"
+    path.write_text(path.read_text().replace(f"seed: {build['seed']}", f"seed: {build['seed'] + 1}", 1))
+    capsys.readouterr()
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "world"]) == 2
+    error = capsys.readouterr().err
+    assert len(built) == 1, "the world was built although finished cells read it"
+    assert (f"building the world in {world} would replace problems, control, tokenizer, student, teacher, prm (its "
+            f"settings changed: seed {build['seed']} -> {build['seed'] + 1}), which 2 finished cell(s) read") in error
+    assert f"{root / 'outputs' / 'tiny' / 'cells'}: 1 cell(s): outcome-r1-s0" in error, error
+    assert f"{root / 'outputs' / 'other' / 'cells'}: 1 cell(s): process-r1-s0\n" in error, "another profile's cell"
+    assert "move or delete their folders to rebuild" in error, error
+    path.write_text(path.read_text().replace(f"seed: {build['seed'] + 1}", f"seed: {build['seed']}", 1))
+    write_json_atomic(world / "manifest.json", read_json(world / "manifest.json") | {
+        "components": {name: {"key": "an older builder's" if name == "prm" else keys[name]} for name in keys}})
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "world"]) == 2
+    error = capsys.readouterr().err
+    assert "would replace prm (its builder changed since it was built), which 1 finished cell(s)" in error, error
+    assert "outcome-r1-s0" not in error, "a cell that did not read the PRM was named"
 
 
 def test_a_finished_cell_with_a_damaged_params_file_is_named_and_kept(root, capsys):

@@ -124,6 +124,23 @@ def changed_settings(profile: Profile, cell: MatrixCell, root: Path,
     return changed
 
 
+def cells_reading(root: Path, world_dir: Path, entries: list[str]) -> dict[Path, list[str]]:
+    """The finished cells, of any profile under root/outputs, whose params.json says they read one of these entries
+    of world_dir as it is now (the same hash of its files): each cells folder with its cells' names."""
+    now = {entry: fingerprint(world_dir / entry) for entry in entries if (world_dir / entry).exists()}
+    readers: dict[Path, list[str]] = {}
+    for folder in sorted((root / "outputs").glob("*/cells/*")):
+        if not now or not cell_folder.is_finished(folder):
+            continue
+        try:
+            record = read_json(folder / cell_folder.PARAMS).get(cell_folder.WORLD) or {}
+        except (OSError, ValueError):  # a damaged cell: its own run and the analysis name it
+            continue
+        if any(record.get(entry) == value for entry, value in now.items()):
+            readers.setdefault(folder.parent, []).append(folder.name)
+    return readers
+
+
 def check_finished_cells(profile: Profile, root: Path, cells: list[MatrixCell], world: bool = True) -> None:
     """Refuse to run when a finished cell was trained with settings the profile no longer gives, or (world true) on
     a world that has changed since: skipping it would report stale results, rerunning it would delete them, so the

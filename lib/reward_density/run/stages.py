@@ -18,9 +18,11 @@ from ..experiment import kl_bound
 from ..experiment.baseline import base_configs, base_eval_key
 from ..experiment.profiles import STUDY_SETTINGS, Profile, resolve_world_entry
 from ..experiment.provenance import code_fingerprint, fingerprints, read_json, write_json_atomic
+from ..world.build import BUILD_PARAMETERS, COMPONENTS, WorldConfig, config_from_parameters, stale_components
+from ..world.build import changed_settings as world_changed_settings
 from .local import run_matrix
 from .lock import exclusive
-from .matrix import RunReport, base_answers_dir
+from .matrix import RunReport, StaleCells, base_answers_dir, cells_reading
 from .notebooks import execute_notebook, existing_notebook
 from .slurm import submit_matrix
 
@@ -48,8 +50,43 @@ def stage_world(profile: Profile, root: Path) -> None:
     parameters = {**profile.build_world, "out_dir": str(root / profile.build_world["out_dir"])}
     output = Path(parameters["out_dir"]) / "build_world.ipynb"
     with exclusive(output.parent, "the world build", wait=True):  # profiles may share a world
+        check_rebuild_keeps_cells(parameters, root)
         print(f"world: notebooks/build_world.py -> {output}", file=sys.stderr)
         run_stage(root / "notebooks" / "build_world.py", output, parameters, root)
+
+
+def check_rebuild_keeps_cells(parameters: dict[str, Any], root: Path) -> None:
+    """Refuse (StaleCells) a world build that would replace components which finished cells, of this profile or of
+    another sharing the world, read as they are now: the rebuild would leave their results without their world."""
+    world_dir = Path(parameters["out_dir"])
+    if not (world_dir / "manifest.json").is_file():
+        return
+    try:
+        config = config_from_parameters(**{k: v for k, v in parameters.items() if k in BUILD_PARAMETERS})
+    except ValueError:  # a bad setting: the build notebook names it
+        return
+    replaced = list(COMPONENTS) if parameters.get("force") else stale_components(config, world_dir)
+    readers = cells_reading(root, world_dir, replaced)
+    if not readers:
+        return
+    lines = [f"  {folder}: {len(names)} cell(s): {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}"
+             for folder, names in readers.items()]
+    raise StaleCells(
+        f"building the world in {world_dir} would replace {', '.join(replaced)} "
+        f"({_rebuild_reason(parameters, config, world_dir)}), which "
+        f"{sum(map(len, readers.values()))} finished cell(s) read as they are now:\n" + "\n".join(lines) +
+        "\nthose cells would be left without the world they ran on (the cells stage refuses them): move or delete "
+        "their folders to rebuild, restore the build_world settings that built it (its manifest.json), or give "
+        "this profile a build_world.out_dir of its own")
+
+
+def _rebuild_reason(parameters: dict[str, Any], config: WorldConfig, world_dir: Path) -> str:
+    """Why a world build would replace components: forced, settings changed (then -> now), or a new builder."""
+    if parameters.get("force"):
+        return "force is set"
+    if changed := world_changed_settings(config, world_dir):
+        return "its settings changed: " + ", ".join(f"{k} {then!r} -> {now!r}" for k, (then, now) in changed.items())
+    return "its builder changed since it was built"
 
 
 BASELINE_SETTINGS = ("temperature", "top_p", "max_new_tokens", "device", "teacher_device", "precision")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
 import math
 import multiprocessing as mp
@@ -162,6 +163,17 @@ def world_config(size: str = "mini", **overrides: Any) -> WorldConfig:
     if size not in PRESETS:
         raise ValueError(f"unknown world size {size!r}; expected one of {sorted(PRESETS)}")
     return _with_overrides(PRESETS[size], overrides, "")
+
+
+def config_from_parameters(size: str = "mini", seed: int = 0, student_target: float | None = None,
+                           teacher_min_accuracy: float | None = None, overrides: dict | None = None) -> WorldConfig:
+    """The world that notebooks/build_world.py's parameters (a profile's build_world) describe; a target left None
+    is the preset's."""
+    targets = {"student_target": student_target, "teacher_min_accuracy": teacher_min_accuracy}
+    return world_config(size, seed=seed, **{k: v for k, v in targets.items() if v is not None}, **(overrides or {}))
+
+
+BUILD_PARAMETERS = tuple(inspect.signature(config_from_parameters).parameters)  # those of a build's notebook
 
 
 # --------------------------------------------------------------------------------------- keys
@@ -382,6 +394,18 @@ def stale_components(config: WorldConfig, out_dir: Path) -> list[str]:
     built = read_manifest(out_dir).get("components", {})
     keys = component_keys(config)
     return [n for n in COMPONENTS if built.get(n, {}).get("key") != keys[n] or not (Path(out_dir) / n).is_dir()]
+
+
+def changed_settings(config: WorldConfig, out_dir: Path) -> dict[str, tuple[Any, Any]]:
+    """The settings (dotted) the world in out_dir was built with that config gives otherwise: {name: (then, now)}."""
+    def flat(value: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(value, dict):
+            return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()}
+        return {prefix[:-1]: value}
+
+    then = flat(read_manifest(out_dir).get("config", {}))
+    now = flat(json.loads(json.dumps(asdict(config))))  # tuples as the manifest's JSON lists
+    return {name: (then.get(name), value) for name, value in now.items() if then and then.get(name) != value}
 
 
 # Built in this order; the components of one stage are independent and built side by side.
