@@ -74,6 +74,19 @@ def test_shipped_profiles_load(name, cells):
     assert len(names) == len(set(names)) == cells
 
 
+def test_shipped_profiles_that_build_one_world_folder_build_it_alike():
+    built: dict[str, tuple[str, dict]] = {}  # world folder -> the first profile building it, with its settings
+    for path in sorted((REPO_ROOT / "params").glob("*.yaml")):
+        profile = load_profile(path)
+        if profile.build_world is None:
+            continue
+        first, settings = built.setdefault(profile.build_world["out_dir"], (profile.name, profile.build_world))
+        assert profile.build_world == settings, (
+            f"{profile.name} builds {settings['out_dir']} otherwise than {first}: running one after the other would "
+            "replace the world the other's cells read (the world stage refuses that)")
+    assert len(built) >= 2, "no shipped world folder found"
+
+
 REPLICATIONS = {"mini_outcome_seeds": "outcome", "mini_outcome_powered": "outcome", "mini_process_powered": "process"}
 
 
