@@ -129,8 +129,8 @@ def cells_reading(root: Path, world_dir: Path, entries: list[str]) -> dict[Path,
     of world_dir as it is now (the same hash of its files): each cells folder with its cells' names."""
     now = {entry: fingerprint(world_dir / entry) for entry in entries if (world_dir / entry).exists()}
     readers: dict[Path, list[str]] = {}
-    for folder in sorted((root / "outputs").glob("*/cells/*")):
-        if not now or not cell_folder.is_finished(folder):
+    for folder in sorted((root / "outputs").glob("*/cells/*")) if now else []:
+        if not cell_folder.is_finished(folder):
             continue
         try:
             record = read_json(folder / cell_folder.PARAMS).get(cell_folder.WORLD) or {}
