@@ -30,7 +30,7 @@ from reward_density.experiment.provenance import (
 from reward_density.run import notebooks, stages
 from reward_density.run.cli import _parser, main
 from reward_density.run.local import gpu_slots, run_matrix
-from reward_density.run.lock import exclusive
+from reward_density.run.lock import FolderInUse, exclusive, reading, replacing
 from reward_density.run.matrix import StaleCells, cpu_count, select_cells
 from reward_density.run.notebooks import NotebookFailed
 from reward_density.run.stages import run_stage, stage_benchmark
@@ -145,8 +145,9 @@ def test_a_finished_cell_whose_world_changed_since_stops_the_cells_stage_and_is_
     assert not cell_dir(root, "process-r1-s0").exists(), "a cell ran although the run was refused"
 
 
-def test_a_world_build_that_would_replace_what_finished_cells_read_is_refused_before_it_starts(root, monkeypatch,
-                                                                                               capsys):
+def built_world(root: Path) -> tuple[Path, dict, dict[str, str]]:
+    """The tiny profile's world as its build leaves it (a manifest of the profile's settings and every component):
+    its folder, the profile's build settings and the components' keys."""
     world, build = root / "outputs" / "smoke" / "world", profile_of(root).build_world
     config = config_from_parameters(**{k: v for k, v in build.items() if k in BUILD_PARAMETERS})
     for name in ("control", "tokenizer"):
@@ -155,6 +156,12 @@ def test_a_world_build_that_would_replace_what_finished_cells_read_is_refused_be
     keys = component_keys(config)
     write_json_atomic(world / "manifest.json", {"config": asdict(config),
                                                 "components": {name: {"key": keys[name]} for name in keys}})
+    return world, build, keys
+
+
+def test_a_world_build_that_would_replace_what_finished_cells_read_is_refused_before_it_starts(root, monkeypatch,
+                                                                                               capsys):
+    world, build, keys = built_world(root)
 
     def finished(folder: Path, record: dict) -> None:
         folder.mkdir(parents=True)
@@ -186,6 +193,36 @@ def test_a_world_build_that_would_replace_what_finished_cells_read_is_refused_be
     error = capsys.readouterr().err
     assert "would replace prm (its builder changed since it was built), which 1 finished cell(s)" in error, error
     assert "outcome-r1-s0" not in error, "a cell that did not read the PRM was named"
+
+
+def test_a_world_another_run_is_reading_is_not_rebuilt_under_it_and_the_cells_stage_reads_it(root, monkeypatch,
+                                                                                             capsys):
+    world, build, _ = built_world(root)
+    built = []
+    monkeypatch.setattr(stages, "run_stage", lambda *args: built.append(args))
+    world_stage = ["--profile", "tiny", "--root", str(root), "--stages", "world"]
+    with reading(world):  # another run's baseline or cells
+        assert main(world_stage) == 0 and len(built) == 1, "an up-to-date world was refused to its readers"
+        path = root / "params" / "tiny.yaml"
+        path.write_text(path.read_text().replace(f"seed: {build['seed']}", f"seed: {build['seed'] + 1}", 1))
+        capsys.readouterr()
+        assert main(world_stage) == 2 and len(built) == 1, "the world was rebuilt under a run reading it"
+        assert f"{world} is being read by another run" in capsys.readouterr().err
+    assert main(world_stage) == 0 and len(built) == 2, "the rebuild did not run once the reader was done"
+
+    refused = []
+
+    def cells_stage(*args):
+        with pytest.raises(FolderInUse) as caught:
+            with replacing(world, "a rebuild"):
+                pass
+        refused.append(caught.value)
+        return types.SimpleNamespace(ok=True, counts={})
+
+    monkeypatch.setattr(stages, "stage_cells", cells_stage)
+    path.write_text(path.read_text().replace(f"seed: {build['seed'] + 1}", f"seed: {build['seed']}", 1))
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells"]) == 0
+    assert len(refused) == 1, "the cells stage ran without holding its world against a rebuild"
 
 
 def test_a_finished_cell_with_a_damaged_params_file_is_named_and_kept(root, capsys):

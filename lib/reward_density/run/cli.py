@@ -103,22 +103,32 @@ def _study_lock(profile: Profile, root: Path, stages: list[str]) -> contextlib.A
 def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: str | None, jobs: int,
                 slots: list[str] | None, executor) -> int:
     """Run the chosen stages in order, timed; the analysis runs even when some cells failed."""
-    from .stages import stage_analysis, stage_baseline, stage_benchmark, stage_cells, stage_kl_bound, stage_world
+    from .stages import (
+        reading_world,
+        stage_analysis,
+        stage_baseline,
+        stage_benchmark,
+        stage_cells,
+        stage_kl_bound,
+        stage_world,
+    )
 
     ok, timed, cells = True, StageTimes(), None
     try:
         if "world" in stages:
             with timed("world"):
                 stage_world(profile, root)
-        if {"baseline", "cells"} & set(stages):
+        reads_world = bool({"baseline", "cells"} & set(stages))
+        if reads_world:
             check_world({k: resolve_world_entry(v, root) for k, v in profile.world.items()}, profile.data)
-        if "baseline" in stages:
-            with timed("baseline"):
-                stage_baseline(profile, root)
-        if "cells" in stages:
-            with timed("cells"):
-                cells = stage_cells(profile, root, cells_filter, jobs, slots, executor)
-            ok = cells.ok
+        with reading_world(profile, root) if reads_world else contextlib.nullcontext():  # no rebuild meanwhile
+            if "baseline" in stages:
+                with timed("baseline"):
+                    stage_baseline(profile, root)
+            if "cells" in stages:
+                with timed("cells"):
+                    cells = stage_cells(profile, root, cells_filter, jobs, slots, executor)
+                ok = cells.ok
         if "benchmark" in stages:
             with timed("benchmark"):
                 stage_benchmark(profile, root)

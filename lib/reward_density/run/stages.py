@@ -6,6 +6,7 @@ cells go to an executor (local.py or slurm.py).
 """
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from ..experiment.provenance import code_fingerprint, fingerprints, read_json, w
 from ..world.build import BUILD_PARAMETERS, COMPONENTS, WorldConfig, config_from_parameters, stale_components
 from ..world.build import changed_settings as world_changed_settings
 from .local import run_matrix
-from .lock import exclusive
+from .lock import exclusive, reading, replacing
 from .matrix import RunReport, StaleCells, base_answers_dir, cells_reading
 from .notebooks import execute_notebook, existing_notebook
 from .slurm import submit_matrix
@@ -50,25 +51,34 @@ def stage_world(profile: Profile, root: Path) -> None:
     parameters = {**profile.build_world, "out_dir": str(root / profile.build_world["out_dir"])}
     output = Path(parameters["out_dir"]) / "build_world.ipynb"
     with exclusive(output.parent, "the world build", wait=True):  # profiles may share a world
-        check_rebuild_keeps_cells(parameters, root)
-        print(f"world: notebooks/build_world.py -> {output}", file=sys.stderr)
-        run_stage(root / "notebooks" / "build_world.py", output, parameters, root)
+        replaced = check_rebuild_keeps_cells(parameters, root)
+        with replacing(output.parent, "the world build") if replaced else contextlib.nullcontext():
+            print(f"world: notebooks/build_world.py -> {output}", file=sys.stderr)
+            run_stage(root / "notebooks" / "build_world.py", output, parameters, root)
 
 
-def check_rebuild_keeps_cells(parameters: dict[str, Any], root: Path) -> None:
-    """Refuse (StaleCells) a world build that would replace components which finished cells, of this profile or of
-    another sharing the world, read as they are now: the rebuild would leave their results without their world."""
+def reading_world(profile: Profile, root: Path) -> contextlib.AbstractContextManager:
+    """The stages that read a world the profile builds (baseline, cells) hold this: no other run rebuilds it
+    meanwhile."""
+    world = root / profile.build_world["out_dir"] if profile.build_world else None
+    return reading(world) if world is not None and world.is_dir() else contextlib.nullcontext()
+
+
+def check_rebuild_keeps_cells(parameters: dict[str, Any], root: Path) -> list[str]:
+    """The world components a build with these parameters would replace (none for a first build); refuse
+    (StaleCells) to replace any that finished cells, of this profile or another sharing the world, read as they are
+    now: the rebuild would leave their results without their world."""
     world_dir = Path(parameters["out_dir"])
     if not (world_dir / "manifest.json").is_file():
-        return
+        return []
     try:
         config = config_from_parameters(**{k: v for k, v in parameters.items() if k in BUILD_PARAMETERS})
     except ValueError:  # a bad setting: the build notebook names it
-        return
+        return []
     replaced = list(COMPONENTS) if parameters.get("force") else stale_components(config, world_dir)
     readers = cells_reading(root, world_dir, replaced)
     if not readers:
-        return
+        return replaced
     lines = [f"  {folder}: {len(names)} cell(s): {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}"
              for folder, names in readers.items()]
     raise StaleCells(
