@@ -130,6 +130,7 @@ def test_a_hub_that_does_not_answer_is_said_at_once_and_no_hub_id_is_tried(hub, 
     assert (f"world.student = 'Qwen/Qwen3-1.7B-Base': the hub ({endpoint}) does not answer: URLError"
             in message and "world.problems = 'EleutherAI/hendrycks_math'" in message), message
     assert "and the local cache lacks it" in message and "teacher" not in message, message
+    assert "HF_HUB_OFFLINE=1 has the loaders look in their own caches" in message, message
     assert len(probes) == 1
 
 

@@ -104,9 +104,10 @@ def check_world(world: dict[str, str], data: dict[str, Any]) -> None:
     problems = [_problem(key, source, data, no_hub) for key, source in entries.items() if key not in cached]
     problems = [p for p in problems if p]
     if problems:
+        offline = "; HF_HUB_OFFLINE=1 has the loaders look in their own caches instead" if no_hub else ""
         raise WorldUnreachable(
             "cannot reach these world entries (hub offline, a wrong id, or a missing local copy; local paths "
-            "work wherever a hub id does):\n  " + "\n  ".join(problems)
+            f"work wherever a hub id does{offline}):\n  " + "\n  ".join(problems)
         )
     if cached:
         print(f"note: {no_hub}; {', '.join(cached)} read from the local cache: set HF_HUB_OFFLINE=1 so that no load "
