@@ -46,12 +46,11 @@ def worlds_sentence(original: dict[str, pd.DataFrame], replication: dict[str, pd
                     names: tuple[str, str]) -> str:
     """Whether the two studies' cells read one world, entry by entry, from their worlds.csv; not known where a
     study has none."""
-    missing = [name for name, summaries in zip(names, (original, replication)) if WORLDS not in summaries]
-    if missing:
+    studies = dict(zip(names, (original, replication)))
+    if missing := [name for name, summaries in studies.items() if WORLDS not in summaries]:
         return (f"Whether the two studies' cells read one world is not known: no {WORLDS} in "
                 f"{' or '.join(missing)} (the analysis writes it since cells record their world).")
-    return compared_worlds_sentence({name: frame_worlds(summaries[WORLDS])
-                                     for name, summaries in zip(names, (original, replication))},
+    return compared_worlds_sentence({name: frame_worlds(summaries[WORLDS]) for name, summaries in studies.items()},
                                     REPLICATION_CONSEQUENCE)
 
 

@@ -124,6 +124,11 @@ def changed_settings(profile: Profile, cell: MatrixCell, root: Path,
     return changed
 
 
+def changes_text(changed: dict[str, tuple[Any, Any]]) -> str:
+    """Settings that changed, {name: (then, now)}, as "name then -> now, ..."."""
+    return ", ".join(f"{name} {then!r} -> {now!r}" for name, (then, now) in changed.items())
+
+
 def cells_reading(root: Path, world_dir: Path, entries: list[str]) -> dict[Path, list[str]]:
     """The finished cells, of any profile under root/outputs, whose params.json says they read one of these entries
     of world_dir as it is now (the same hash of its files): each cells folder with its cells' names."""
@@ -150,8 +155,7 @@ def check_finished_cells(profile: Profile, root: Path, cells: list[MatrixCell], 
     stale = {cell.name: changed for cell in finished
              if (changed := changed_settings(profile, cell, root, fingerprint_of))}
     if stale:
-        lines = [f"  {name}: " + ", ".join(f"{k} {then!r} -> {now!r}" for k, (then, now) in changed.items())
-                 for name, changed in stale.items()]
+        lines = [f"  {name}: {changes_text(changed)}" for name, changed in stale.items()]
         rebuilt = any(k.startswith("world.") for changed in stale.values() for k in changed)
         raise StaleCells(
             f"{len(stale)} finished cell(s) under {profile.cells_dir(root)} ran with settings {profile.path} no "

@@ -19,11 +19,17 @@ from ..experiment import kl_bound
 from ..experiment.baseline import base_configs, base_eval_key
 from ..experiment.profiles import STUDY_SETTINGS, Profile, resolve_world_entry
 from ..experiment.provenance import code_fingerprint, fingerprints, read_json, write_json_atomic
-from ..world.build import BUILD_PARAMETERS, COMPONENTS, WorldConfig, config_from_parameters, stale_components
-from ..world.build import changed_settings as world_changed_settings
+from ..world.build import (
+    BUILD_PARAMETERS,
+    COMPONENTS,
+    WorldConfig,
+    changed_build_settings,
+    config_from_parameters,
+    stale_components,
+)
 from .local import run_matrix
 from .lock import exclusive, reading, replacing
-from .matrix import RunReport, StaleCells, base_answers_dir, cells_reading
+from .matrix import RunReport, StaleCells, base_answers_dir, cells_reading, changes_text
 from .notebooks import execute_notebook, existing_notebook
 from .slurm import submit_matrix
 
@@ -94,8 +100,8 @@ def _rebuild_reason(parameters: dict[str, Any], config: WorldConfig, world_dir: 
     """Why a world build would replace components: forced, settings changed (then -> now), or a new builder."""
     if parameters.get("force"):
         return "force is set"
-    if changed := world_changed_settings(config, world_dir):
-        return "its settings changed: " + ", ".join(f"{k} {then!r} -> {now!r}" for k, (then, now) in changed.items())
+    if changed := changed_build_settings(config, world_dir):
+        return f"its settings changed: {changes_text(changed)}"
     return "its builder changed since it was built"
 
 

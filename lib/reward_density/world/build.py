@@ -396,7 +396,7 @@ def stale_components(config: WorldConfig, out_dir: Path) -> list[str]:
     return [n for n in COMPONENTS if built.get(n, {}).get("key") != keys[n] or not (Path(out_dir) / n).is_dir()]
 
 
-def changed_settings(config: WorldConfig, out_dir: Path) -> dict[str, tuple[Any, Any]]:
+def changed_build_settings(config: WorldConfig, out_dir: Path) -> dict[str, tuple[Any, Any]]:
     """The settings (dotted) the world in out_dir was built with that config gives otherwise: {name: (then, now)}."""
     def flat(value: Any, prefix: str = "") -> dict[str, Any]:
         if isinstance(value, dict):
