@@ -27,7 +27,7 @@ planned_cells = None  # the profile's cell names (the runner passes them), so th
 # %%
 from IPython.display import Image, Markdown, display
 
-from reward_density.analysis import dynamics, kl, load, plots, report, tables
+from reward_density.analysis import dynamics, kl, load, plots, rank_needed, report, tables
 from reward_density.experiment.profiles import REPO_ROOT
 
 report_dir = REPO_ROOT / outputs_dir  # relative paths are taken from the repository root
@@ -91,6 +91,19 @@ print(equivalence.markdown)
 # %%
 # NBVAL_CHECK_OUTPUT
 print(tables.power_markdown(equivalence.frame))
+
+# %% [markdown]
+# ## The rank each regime needs, and the answer
+#
+# The question read off the verdicts. A rank matches FullFT when it is equivalent or significantly ahead, and is
+# behind when significantly below. If more rank never needs less, the needed rank lies above every rank behind and
+# at or below the smallest rank that matches; inconclusive ranks between the two leave it open. Regimes of
+# different densities are ordered only where those ranges do not overlap. The SFT control says whether these
+# statistics see a rank effect where the skill needs capacity.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(rank_needed.rank_needed_table(equivalence.frame).markdown)
 
 # %% [markdown]
 # ## LoRA − FullFT at a glance

@@ -177,8 +177,8 @@ def test_report_and_every_figure_are_written_deterministically(outputs, tmp_path
     cells = load_cells(outputs)
     out = tmp_path / "analysis"
     report = write_report(cells, out, margin=0.05, confidence=0.95, profile_name="smoke")
-    names = ["accuracy.csv", "accuracy.md", "equivalence.csv", "gain.csv", "plateau.csv", "collapse.csv", "kl.csv",
-             "worlds.csv", "report.md"]
+    names = ["accuracy.csv", "accuracy.md", "equivalence.csv", "rank_needed.csv", "gain.csv", "plateau.csv",
+             "collapse.csv", "kl.csv", "worlds.csv", "report.md"]
     names += [f"figures/{f}.png" for f in ("equivalence", *FIGURES)]
     first = {n: (out / n).read_bytes() for n in names}
     assert report == out / "report.md" and all(first.values())
@@ -186,6 +186,7 @@ def test_report_and_every_figure_are_written_deterministically(outputs, tmp_path
     assert "Finished cells: 12 of 16" in text and "±0.05" in text and "d = 128" in text and "r2 = d/64" in text
     assert "figures/process_collapse.png" in text and "Final minus base" in text
     assert "## Power" in text and "min. detectable difference" in text and "## Plateau" in text
+    assert "## The rank needed to match FullFT" in text and "| outcome | O(1) |" in text
     assert "dev-chosen" not in text and not (out / "equivalence_chosen.csv").exists(), "no cell scored dev problems"
     write_report(cells, out, margin=0.05, confidence=0.95, profile_name="smoke")
     assert {n: (out / n).read_bytes() for n in names} == first
@@ -455,4 +456,6 @@ def test_the_report_adds_the_dev_chosen_comparison_when_cells_scored_dev_problem
     assert "## At each arm's dev-chosen step" in text and "| process | r1 | 2 ± 0 |" in text, text
     chosen = pd.read_csv(tmp_path / "analysis" / "equivalence_chosen.csv")
     assert chosen["arm"].tolist() == ["r1", "r2"]
+    assert "The rank needed to match FullFT at those steps" in text
+    assert pd.read_csv(tmp_path / "analysis" / "rank_needed_chosen.csv")["regime"].tolist() == ["process"]
     assert set(chosen["verdict"]) <= {"equivalent", "different", "inconclusive"}

@@ -6,6 +6,7 @@ import re
 
 import pandas as pd
 
+from reward_density.analysis.rank_needed import growth, needed_ranks
 from reward_density.experiment.profiles import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
@@ -94,3 +95,17 @@ def test_the_readmes_chosen_rates_are_the_committed_sweeps_choice():
                     f"{row['ratio']:.0f}x"]
         assert readme[label] == expected, (f"README rates row {label!r} is {readme[label]}; "
                                            f"outputs/mini_sweep/chosen_rates.csv says {expected}")
+
+
+def test_the_readmes_needed_ranks_are_read_off_each_studys_committed_verdicts():
+    readme = markdown_rows(README.read_text(), "**The answer read off each study's verdicts.**")
+    studies = {f.relative_to(OUTPUTS) for f in OUTPUTS.glob("mini*/equivalence*.csv")}
+    assert len(readme) == len(studies), f"the README's needed-rank table has {len(readme)} rows, {len(studies)} tables"
+    for label, quoted in readme.items():
+        study = re.match(r"`(\w+)`", label).group(1)
+        table = OUTPUTS / study / ("equivalence_chosen.csv" if "dev-chosen" in label else "equivalence.csv")
+        needed = needed_ranks(pd.read_csv(table))
+        described = {n.regime: n.describe() for n in needed}
+        expected = [described.get(regime, "–") for regime in ("outcome", "process", "distillation", "sft")]
+        assert quoted == [*expected, growth(needed)], (
+            f"the README reads {label} as {quoted}; {table.relative_to(REPO_ROOT)} gives {expected}, {growth(needed)}")

@@ -11,8 +11,9 @@ import pandas as pd
 from ..experiment import cell_folder
 from ..experiment.config import FULL, CellConfig
 from ..experiment.provenance import read_json
+from ..rewards import REGIMES
 
-REGIME_ORDER = ("outcome", "process", "distillation")
+REGIME_ORDER = REGIMES  # the tables show the regimes sparsest reward first, then any other they find
 KEYS = ["cell", "regime", "rank", "arm", "seed"]
 
 

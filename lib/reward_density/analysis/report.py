@@ -11,6 +11,7 @@ from .dynamics import collapse_table, plateau_table
 from .kl import END_FRACTION, ESTIMATOR, kl_table
 from .load import Cells, arm_name, arms, ranks, world_entries
 from .plots import FIGURES, plot_equivalence
+from .rank_needed import rank_needed_table
 from .speed import speed_markdown
 from .stopping import answers_at_chosen_steps, chosen_table
 from .tables import WORLDS, Table, accuracy_table, equivalence_table, gain_table, power_markdown, worlds_frame
@@ -126,6 +127,12 @@ INTERVAL = ("two-way random-effects interval over seeds and problems (crossed): 
             "degrees of freedom, which widens with few seeds (statistics.py)")
 
 
+RANK_NEEDED = ("The study's question read off the verdicts above (rank_needed.py). A rank matches FullFT when it is "
+               "equivalent or significantly ahead, and is behind when significantly below; assuming that more rank "
+               "never needs less, the needed rank lies above every rank behind and at or below the smallest rank that "
+               "matches, and inconclusive ranks between the two leave it open.")
+
+
 def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: float = 0.95,
                  profile_name: str = "", planned: Sequence[str] | None = None) -> Path:
     """Write the tables (CSV and markdown), the cells' world records (worlds.csv), the figures and report.md under
@@ -150,13 +157,15 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
 
 def report_tables(cells: Cells, margin: float, confidence: float) -> dict[str, Table]:
     """Every table of the report under its file name; the dev-chosen-step ones only when cells scored dev problems."""
-    tables = {"accuracy": accuracy_table(cells), "gain": gain_table(cells, confidence),
-              "equivalence": equivalence_table(cells, margin, confidence), "plateau": plateau_table(cells),
+    equivalence = equivalence_table(cells, margin, confidence)
+    tables = {"accuracy": accuracy_table(cells), "gain": gain_table(cells, confidence), "equivalence": equivalence,
+              "rank_needed": rank_needed_table(equivalence.frame), "plateau": plateau_table(cells),
               "collapse": collapse_table(cells), "kl": kl_table(cells, confidence)}
     if not cells.dev_evals.empty:
         answers = answers_at_chosen_steps(cells)
-        tables |= {"chosen_steps": chosen_table(cells, answers),
-                   "equivalence_chosen": equivalence_table(cells, margin, confidence, answers=answers)}
+        chosen = equivalence_table(cells, margin, confidence, answers=answers)
+        tables |= {"chosen_steps": chosen_table(cells, answers), "equivalence_chosen": chosen,
+                   "rank_needed_chosen": rank_needed_table(chosen.frame)}
     return tables
 
 
@@ -211,6 +220,11 @@ def _comparison_sections(tables: dict[str, Table], margin: float, confidence: fl
         "power when LoRA and FullFT truly do not differ, projected from the comparison's seed and problem variances.",
         "",
         power_markdown(tables["equivalence"].frame),
+        "## The rank needed to match FullFT",
+        "",
+        RANK_NEEDED,
+        "",
+        tables["rank_needed"].markdown,
         *_chosen_section(tables),
     ]
 
@@ -262,4 +276,7 @@ def _chosen_section(tables: dict[str, Table]) -> list[str]:
         "",
         tables["chosen_steps"].markdown,
         tables["equivalence_chosen"].markdown,
+        "The rank needed to match FullFT at those steps:",
+        "",
+        tables["rank_needed_chosen"].markdown,
     ]

@@ -18,7 +18,7 @@ from ..data.answer_check import ANSWER_FORMATS
 from ..grpo.advantages import ADVANTAGE_ESTIMATORS
 from ..grpo.loss import KL_ESTIMATORS, NORMALISATIONS
 from ..grpo.precision import PRECISIONS
-from ..rewards import REGIMES, REWARD_MODELS
+from ..rewards import DENSITY, REGIMES, REWARD_MODELS
 from .checks import (
     Checker,
     InvalidValue,
@@ -94,7 +94,8 @@ class CellConfig:
 
     # The arm, from the profile's matrix.
     regime: str = setting(check=one_of(*REGIME_CHOICES), section="matrix",
-                          doc="the reward: outcome (O(1)) | process (O(S)) | distillation (O(N)); or sft, the control")
+                          doc="the reward: " + " | ".join(f"{r} ({DENSITY[r]})" for r in REGIMES)
+                          + "; or sft, the control")
     rank: int | None = setting(check=optional(positive_int), section="matrix",
                                doc="LoRA rank; None is full fine-tuning (written 'full')")
     seed: int = setting(check=non_negative_int, section="matrix",

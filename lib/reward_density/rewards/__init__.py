@@ -7,6 +7,9 @@ from .outcome import OutcomeReward
 from .process import PRMScorer, ProcessReward
 
 REGIMES = ("outcome", "process", "distillation")
+# The study's axis: how many deposits a completion gets, one, one per step or one per token; sparsest first.
+DENSITIES = ("O(1)", "O(S)", "O(N)")
+DENSITY = {"outcome": "O(1)", "process": "O(S)", "distillation": "O(N)"}
 REWARD_MODELS = {"process": ("prm",), "distillation": ("teacher",)}  # the world's models a regime's reward reads
 
 

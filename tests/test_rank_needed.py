@@ -1,0 +1,123 @@
+"""The rank each regime needs to match FullFT, and the answer to the study's question, read off the verdicts."""
+import pandas as pd
+import pytest
+
+from reward_density.analysis.rank_needed import density_answer, main, needed_ranks, rank_needed_table
+from reward_density.rewards import DENSITIES, DENSITY, REGIMES
+
+AHEAD, BEHIND = ("different", +0.06), ("different", -0.06)
+EQUIVALENT, INCONCLUSIVE, SKIPPED = ("equivalent", -0.01), ("inconclusive", 0.02), ("skipped", float("nan"))
+
+
+def equivalence(**regimes: dict[int, tuple[str, float]]) -> pd.DataFrame:
+    """An equivalence table from {regime: {rank: (verdict, estimate)}}."""
+    return pd.DataFrame([{"regime": regime, "rank": rank, "arm": f"r{rank}", "estimate": estimate, "verdict": verdict}
+                         for regime, by_rank in regimes.items() for rank, (verdict, estimate) in by_rank.items()])
+
+
+def described(frame: pd.DataFrame) -> dict[str, str]:
+    return {n.regime: n.describe() for n in needed_ranks(frame)}
+
+
+def test_the_needed_rank_lies_above_every_rank_behind_and_at_the_smallest_that_matches():
+    frame = equivalence(
+        outcome={1: EQUIVALENT, 4: EQUIVALENT},
+        process={1: BEHIND, 4: INCONCLUSIVE, 16: AHEAD},
+        distillation={1: BEHIND, 4: EQUIVALENT, 16: EQUIVALENT},
+        sft={1: BEHIND, 4: BEHIND},
+    )
+    assert described(frame) == {
+        "outcome": "r1 or less",  # the grid's floor matches: the need may lie below it
+        "process": "more than r1, at most r16 (r4 inconclusive)",  # significantly ahead counts as matching
+        "distillation": "r4",
+        "sft": "more than r4",
+    }
+
+
+def test_undecided_ranks_leave_the_range_open_and_name_their_verdicts():
+    frame = equivalence(outcome={1: INCONCLUSIVE, 2: SKIPPED, 4: EQUIVALENT},
+                        process={1: BEHIND, 2: INCONCLUSIVE}, distillation={1: SKIPPED})
+    assert described(frame) == {"outcome": "r4 or less (r1 inconclusive; r2 skipped)",
+                                "process": "more than r1 (r2 inconclusive)", "distillation": "unknown (r1 skipped)"}
+    assert not any(n.pinned for n in needed_ranks(frame))
+
+
+def test_a_rank_behind_above_one_that_matches_is_called_not_monotone_and_orders_nothing():
+    frame = equivalence(outcome={1: EQUIVALENT, 4: BEHIND}, distillation={1: EQUIVALENT})
+    assert described(frame)["outcome"] == "not monotone: r4 is behind FullFT although r1 matches it"
+    assert density_answer(needed_ranks(frame)).startswith("Cannot tell")
+
+
+@pytest.mark.parametrize("verdicts, answer", [
+    ({"outcome": {1: EQUIVALENT}, "process": {1: AHEAD}, "distillation": {1: EQUIVALENT}},
+     "The needed rank does not grow with the reward's density: every regime needs r1 or less (outcome, process, "
+     "distillation). r1 is the smallest rank run: below it, growth was not tested."),
+    ({"outcome": {1: EQUIVALENT, 4: EQUIVALENT}, "process": {1: BEHIND, 4: EQUIVALENT},
+      "distillation": {1: BEHIND, 4: BEHIND}},
+     "The needed rank grows with the reward's density: outcome (O(1)): r1 or less; process (O(S)): r4; "
+     "distillation (O(N)): more than r4."),
+    ({"outcome": {1: BEHIND, 4: EQUIVALENT}, "distillation": {1: EQUIVALENT, 4: EQUIVALENT}},
+     "The needed rank shrinks as the reward grows denser: outcome (O(1)): r4; distillation (O(N)): r1 or less."),
+    ({"outcome": {1: BEHIND, 4: EQUIVALENT}, "process": {1: EQUIVALENT}, "distillation": {1: BEHIND, 4: AHEAD}},
+     "The needed rank neither grows nor shrinks steadily with the reward's density: outcome (O(1)): r4; "
+     "process (O(S)): r1 or less; distillation (O(N)): r4."),
+    ({"outcome": {1: EQUIVALENT, 4: EQUIVALENT}, "process": {1: INCONCLUSIVE, 4: EQUIVALENT}},
+     "Cannot tell whether the needed rank grows with the reward's density (outcome against process): outcome (O(1)): "
+     "r1 or less; process (O(S)): r4 or less (r1 inconclusive)."),
+    ({"outcome": {1: EQUIVALENT}}, "The regimes compared span fewer than two reward densities: the question needs two "
+                                   "or more."),
+])
+def test_the_answer_orders_regimes_by_density_only_where_their_ranges_do_not_overlap(verdicts, answer):
+    assert density_answer(needed_ranks(equivalence(**verdicts))) == answer
+
+
+def test_an_undecided_rank_does_not_stop_two_disjoint_ranges_from_being_ordered():
+    # outcome needs at most r1; distillation more than r4 whatever r16 turns out: growth is shown.
+    frame = equivalence(outcome={1: EQUIVALENT}, distillation={1: BEHIND, 4: BEHIND, 16: INCONCLUSIVE})
+    assert density_answer(needed_ranks(frame)).startswith("The needed rank grows with the reward's density")
+
+
+def test_the_sft_control_says_whether_the_statistics_can_see_a_rank_effect():
+    rl = {"outcome": {1: EQUIVALENT}, "distillation": {1: EQUIVALENT}}
+    seen = density_answer(needed_ranks(equivalence(**rl, sft={1: BEHIND, 16: BEHIND})))
+    assert seen.endswith("The SFT control needs more than r16: these statistics find a rank effect where the skill "
+                         "needs capacity.")
+    unseen = density_answer(needed_ranks(equivalence(**rl, sft={1: EQUIVALENT, 16: EQUIVALENT})))
+    assert "this study cannot tell a regime that needs no more rank than it ran from one whose rank effect it cannot " \
+           "see" in unseen
+
+
+def test_every_regime_declares_its_density_and_densities_run_sparsest_first():
+    assert set(DENSITY) == set(REGIMES), "a regime without a density cannot be placed on the study's axis"
+    places = [DENSITIES.index(DENSITY[regime]) for regime in REGIMES]
+    assert places == sorted(places), f"REGIMES should run sparsest first, as the tables show them: {DENSITY}"
+
+
+def test_the_table_keeps_the_numbers_behind_each_sentence_for_its_csv():
+    table = rank_needed_table(equivalence(outcome={1: EQUIVALENT}, process={1: BEHIND, 4: INCONCLUSIVE},
+                                          sft={1: BEHIND}))
+    assert table.frame.to_dict("records") == [
+        {"regime": "outcome", "density": "O(1)", "largest_rank_behind": 0, "smallest_rank_matching": 1,
+         "pinned": True, "needed": "r1 or less"},
+        {"regime": "process", "density": "O(S)", "largest_rank_behind": 1, "smallest_rank_matching": None,
+         "pinned": False, "needed": "more than r1 (r4 inconclusive)"},
+        {"regime": "sft", "density": "control", "largest_rank_behind": 1, "smallest_rank_matching": None,
+         "pinned": True, "needed": "more than r1"},
+    ]
+    assert "| process | O(S) | more than r1 (r4 inconclusive) |" in table.markdown
+    nothing = pd.DataFrame(columns=["regime", "rank", "arm", "estimate", "verdict"])
+    assert rank_needed_table(nothing).markdown == "No LoRA arm was compared with FullFT.\n"
+
+
+def test_the_command_reads_a_studys_csv_and_names_a_file_that_is_not_an_equivalence_table(tmp_path, capsys):
+    path = tmp_path / "equivalence.csv"
+    equivalence(outcome={1: EQUIVALENT}, distillation={1: EQUIVALENT}).to_csv(path, index=False)
+    main([str(path)])
+    assert "every regime needs r1 or less" in capsys.readouterr().out
+    (tmp_path / "other.csv").write_text("regime,arm\noutcome,r1\n")
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "other.csv")])
+    assert "lacks the column(s) ['rank', 'estimate', 'verdict']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "missing.csv")])
+    assert "missing.csv: no such file" in capsys.readouterr().err
