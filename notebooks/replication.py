@@ -54,6 +54,15 @@ print(replication.worlds_sentence(original, again, names))
 print(replication.verdict_agreement(original["equivalence.csv"], again["equivalence.csv"], names).markdown)
 
 # %% [markdown]
+# ## The rank needed to match FullFT, in both
+#
+# Each regime's needed rank read off each study's verdicts (above every rank behind FullFT, at or below the
+# smallest that matches it), and each study's answer to the question: does it grow with the reward's density?
+
+# %%
+print(replication.needed_agreement(original["equivalence.csv"], again["equivalence.csv"], names).markdown)
+
+# %% [markdown]
 # ## Did training move both?
 #
 # FullFT's gain over its own base in each regime (the SFT control's on its own skill): a replication in which

@@ -5,6 +5,7 @@ import pytest
 
 from reward_density.analysis.replication import (
     fullft_gains,
+    needed_agreement,
     read_summaries,
     stopping_steps,
     verdict_agreement,
@@ -19,7 +20,7 @@ NAMES = ("mini", "again")
 
 def equivalence(verdicts: dict[tuple[str, str], str]) -> pd.DataFrame:
     """An equivalence table with these verdicts (the differences are the row's index, for telling rows apart)."""
-    rows = [{"regime": regime, "arm": arm, "estimate": i / 100, "ci_low": i / 100 - 0.01, "ci_high": i / 100 + 0.01,
+    rows = [{"regime": regime, "rank": int(arm[1:]), "arm": arm, "estimate": i / 100, "ci_low": i / 100 - 0.01, "ci_high": i / 100 + 0.01,
              "tost_low": i / 100 - 0.005, "tost_high": i / 100 + 0.005, "verdict": verdict}
             for i, ((regime, arm), verdict) in enumerate(verdicts.items())]
     return pd.DataFrame(rows)
@@ -71,6 +72,16 @@ def test_a_comparison_only_one_study_made_is_counted_not_compared():
     table = verdict_agreement(original, again, NAMES)
     assert len(table.frame) == 1
     assert "**0 of 1 verdicts agree**; not compared, made by one study only: 1." in table.markdown
+
+
+def test_the_rank_each_regime_needs_and_each_studys_answer_are_set_side_by_side():
+    committed = [pd.read_csv(REPO_ROOT / "outputs" / study / "equivalence.csv") for study in ("mini", "mini_world1")]
+    table = needed_agreement(*committed, ("mini", "mini_world1"))
+    assert table.frame.set_index("regime")["agree"].to_dict() == {
+        "outcome": True, "process": False, "distillation": True, "sft": True}
+    assert "| process | r2 or less (r1 inconclusive) | r1 or less | **no** |" in table.markdown
+    assert table.markdown.endswith("Does the needed rank grow with the reward's density? mini: cannot tell, "
+                                   "mini_world1: does not grow.\n")
 
 
 def test_fullft_gains_are_set_side_by_side_per_regime():
@@ -150,9 +161,11 @@ def test_the_notebook_writes_the_report_and_the_verdicts_table(tmp_path, stopped
     printed = "".join(o.get("text", "") for c in nbformat.read(tmp_path / "run.ipynb", 4).cells
                       for o in c.get("outputs", []))
     assert "**1 of 2 verdicts agree**" in printed
+    assert "Does the needed rank grow with the reward's density? mini: cannot tell, again: does not grow." in printed
     assert "**The compared studies read different worlds** (2 cells recorded none): student aaaa (mini)" in printed
     report = (again / "replication.md").read_text()
     assert report.startswith("# again against mini") and "**1 of 2 verdicts agree**" in report and "0.300" in report
+    assert "## The rank needed to match FullFT, in both" in report
     assert pd.read_csv(again / "replication.csv")["agree"].tolist() == [True, False]
     assert "![LoRA − FullFT per rank in both studies" in report and (again / "figures" / "replication.png").is_file()
     assert ("**1 of 1 verdicts agree**" in printed) == stopped, "the chosen-step verdicts are not shown as expected"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from .plots import plot_equivalence
+from .rank_needed import growth, needed_ranks
 from .tables import WORLDS, Table, compared_worlds_sentence, frame_worlds, markdown_table
 
 SUMMARIES = ("equivalence.csv", "gain.csv")
@@ -89,6 +90,21 @@ def _with_interval(row, value: str, study: str) -> str:
             f"{getattr(row, f'ci_high_{study}'):+.3f}]")
 
 
+def needed_agreement(original: pd.DataFrame, replication: pd.DataFrame, names: tuple[str, str]) -> Table:
+    """The rank each regime needs to match FullFT (rank_needed.py) in both studies' equivalence tables, and the
+    answer each gives to whether it grows with the reward's density."""
+    needed = [needed_ranks(frame) for frame in (original, replication)]
+    described = [pd.DataFrame({"regime": [n.regime for n in study], "needed": [n.describe() for n in study]})
+                 for study in needed]
+    both = _side_by_side(*described, ["regime"], ["needed"])
+    both["agree"] = both["needed_original"] == both["needed_replication"]
+    rows = [[r.regime, r.needed_original, r.needed_replication, "yes" if r.agree else "**no**"]
+            for r in both.itertuples()]
+    table = markdown_table(["regime", f"rank needed, {names[0]}", f"rank needed, {names[1]}", "agree"], rows)
+    answers = ", ".join(f"{name}: {growth(study)}" for name, study in zip(names, needed))
+    return Table(both, f"{table}\nDoes the needed rank grow with the reward's density? {answers}.\n")
+
+
 def fullft_gains(original: pd.DataFrame, replication: pd.DataFrame, names: tuple[str, str]) -> Table:
     """Each regime's FullFT arm in both studies: its base pass@1 and its gain over it with the interval."""
     full = [frame[frame["arm"] == "full"] for frame in (original, replication)]
@@ -122,6 +138,7 @@ def write_replication_report(original_dir: str | Path, replication_dir: str | Pa
     out = Path(replication_dir)
     report, table, figure = (out / name for name in REPLICATION_FILES)
     verdicts = _write_comparison(original, replication, "equivalence.csv", names, margin, table, figure)
+    needed = needed_agreement(original["equivalence.csv"], replication["equivalence.csv"], names)
     gains = fullft_gains(original["gain.csv"], replication["gain.csv"], names)
     stopping = (_stopping_section(original, replication, names, margin, out)
                 if both_stopped(original, replication) else "")
@@ -133,6 +150,7 @@ def write_replication_report(original_dir: str | Path, replication_dir: str | Pa
         f"that did not hold.\n\n{worlds_sentence(original, replication, names)}\n\n## Verdicts\n\n{verdicts.markdown}\n"
         f"![LoRA − FullFT per rank in both studies: TOST interval (thick), confidence interval (thin), "
         f"±{margin:g} margin (band)](figures/replication.png)\n\n"
+        f"## The rank needed to match FullFT, in both\n\n{needed.markdown}\n"
         f"## Did training move both? FullFT's gain over its base (the SFT control's on its own skill)\n\n"
         f"{gains.markdown}{stopping}"
     )
