@@ -20,8 +20,8 @@ NAMES = ("mini", "again")
 
 def equivalence(verdicts: dict[tuple[str, str], str]) -> pd.DataFrame:
     """An equivalence table with these verdicts (the differences are the row's index, for telling rows apart)."""
-    rows = [{"regime": regime, "rank": int(arm[1:]), "arm": arm, "estimate": i / 100, "ci_low": i / 100 - 0.01, "ci_high": i / 100 + 0.01,
-             "tost_low": i / 100 - 0.005, "tost_high": i / 100 + 0.005, "verdict": verdict}
+    rows = [{"regime": regime, "rank": int(arm[1:]), "arm": arm, "estimate": i / 100, "ci_low": i / 100 - 0.01,
+             "ci_high": i / 100 + 0.01, "tost_low": i / 100 - 0.005, "tost_high": i / 100 + 0.005, "verdict": verdict}
             for i, ((regime, arm), verdict) in enumerate(verdicts.items())]
     return pd.DataFrame(rows)
 
