@@ -22,6 +22,8 @@ from ..experiment.config import SFT
 from ..rewards import DENSITIES, DENSITY
 from .tables import Table, markdown_table
 
+COLUMNS_READ = ("regime", "rank", "estimate", "verdict")  # of an equivalence table
+
 
 @dataclass(frozen=True)
 class NeededRank:
@@ -40,6 +42,7 @@ class NeededRank:
 
     @property
     def pinned(self) -> bool:
+        """True when the range holds one step of the grid: no undecided rank lies inside it."""
         return self.monotone and not self.undecided
 
     @property
@@ -76,9 +79,6 @@ def _needed(regime: str, rows: pd.DataFrame) -> NeededRank:
     return NeededRank(regime, above, at_most, undecided)
 
 
-COLUMNS_READ = ("regime", "rank", "estimate", "verdict")
-
-
 def needed_ranks(equivalence: pd.DataFrame) -> list[NeededRank]:
     """Each compared regime's needed rank, from an equivalence table (tables.equivalence_table's frame or its CSV)."""
     if missing := [column for column in COLUMNS_READ if column not in equivalence.columns]:
@@ -88,9 +88,9 @@ def needed_ranks(equivalence: pd.DataFrame) -> list[NeededRank]:
 
 def _order(sparser: NeededRank, denser: NeededRank) -> str | None:
     """'more', 'less' or 'same': what the denser regime needs against the sparser one; None where unknown."""
-    (low_s, high_s), (low_d, high_d) = sparser.bounds, denser.bounds
     if not (sparser.monotone and denser.monotone):
         return None
+    (low_s, high_s), (low_d, high_d) = sparser.bounds, denser.bounds
     if sparser.pinned and denser.pinned and sparser.bounds == denser.bounds:
         return "same"
     if high_s <= low_d:
