@@ -2,7 +2,8 @@
 import pandas as pd
 import pytest
 
-from reward_density.analysis.rank_needed import density_answer, main, needed_ranks, rank_needed_table
+from reward_density.analysis.rank_needed import density_answer, main, needed_ranks, rank_needed_table, seeds_to_decide
+from reward_density.experiment.profiles import REPO_ROOT
 from reward_density.rewards import DENSITIES, DENSITY, REGIMES
 
 AHEAD, BEHIND = ("different", +0.06), ("different", -0.06)
@@ -85,6 +86,20 @@ def test_the_sft_control_says_whether_the_statistics_can_see_a_rank_effect():
     unseen = density_answer(needed_ranks(equivalence(**rl, sft={1: EQUIVALENT, 16: EQUIVALENT})))
     assert "this study cannot tell a regime that needs no more rank than it ran from one whose rank effect it cannot " \
            "see" in unseen
+
+
+def test_the_seeds_that_would_decide_each_open_rank_are_the_power_tables_projection():
+    frame = equivalence(outcome={1: INCONCLUSIVE, 2: EQUIVALENT}, process={1: SKIPPED, 2: INCONCLUSIVE, 4: AHEAD},
+                        distillation={1: EQUIVALENT, 2: INCONCLUSIVE})  # distillation's r2 leaves nothing open
+    frame["seeds_needed"] = pd.array([12, 2, None, None, 3, 5, 9], dtype="Int64")
+    assert seeds_to_decide(frame, needed_ranks(frame)) == (
+        "What would decide the open ranks: the seeds the power table projects for them (80% TOST power at a true "
+        "difference of 0, on the same problems): outcome r1: 12 seeds, process r2: more than 1000 seeds.")
+    pinned = equivalence(outcome={1: EQUIVALENT}).assign(seeds_needed=2)
+    assert seeds_to_decide(pinned, needed_ranks(pinned)) == ""
+    committed = pd.read_csv(REPO_ROOT / "outputs" / "mini" / "equivalence.csv")
+    assert seeds_to_decide(committed, needed_ranks(committed)).endswith("process r1: 21 seeds."), (
+        "the default study's one open rank is process r1, which the powered process study was sized for")
 
 
 def test_every_regime_declares_its_density_and_densities_run_sparsest_first():

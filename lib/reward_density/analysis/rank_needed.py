@@ -20,6 +20,7 @@ import pandas as pd
 
 from ..experiment.config import SFT
 from ..rewards import DENSITIES, DENSITY
+from .statistics import MAX_PROJECTED_SEEDS
 from .tables import Table, markdown_table
 
 COLUMNS_READ = ("regime", "rank", "estimate", "verdict")  # of an equivalence table
@@ -158,6 +159,20 @@ def _control_sentence(control: NeededRank) -> str:
             "cannot tell a regime that needs no more rank than it ran from one whose rank effect it cannot see.")
 
 
+def seeds_to_decide(equivalence: pd.DataFrame, needed: list[NeededRank]) -> str:
+    """The seeds the power table projects for the inconclusive ranks that leave a regime's range open (80% TOST power
+    at a true difference of 0, on the same problems); '' where no range is left open by one."""
+    open_ranks = {(n.regime, rank) for n in needed for rank, verdict in n.undecided.items() if verdict != "skipped"}
+    rows = [r for r in equivalence.itertuples() if (r.regime, r.rank) in open_ranks]
+    if not rows or "seeds_needed" not in equivalence:
+        return ""
+    beyond = f"more than {MAX_PROJECTED_SEEDS}"
+    counts = ", ".join(f"{r.regime} r{r.rank}: {beyond if pd.isna(r.seeds_needed) else int(r.seeds_needed)} seeds"
+                       for r in rows)
+    return (f"What would decide the open ranks: the seeds the power table projects for them (80% TOST power at a true "
+            f"difference of 0, on the same problems): {counts}.")
+
+
 # above and at_most of NeededRank, named for a reader of the CSV; needed: NeededRank.describe()
 COLUMNS = ["regime", "density", "largest_rank_behind", "smallest_rank_matching", "pinned", "needed"]
 
@@ -172,7 +187,8 @@ def rank_needed_table(equivalence: pd.DataFrame) -> Table:
     frame = pd.DataFrame(rows, columns=COLUMNS).astype({"smallest_rank_matching": "Int64"})
     lines = [[r.regime, r.density, r.needed] for r in frame.itertuples()]
     markdown = markdown_table(["regime", "reward density", "LoRA rank needed to match FullFT"], lines)
-    return Table(frame, f"{markdown}\n{density_answer(needed)}\n")
+    decide = seeds_to_decide(equivalence, needed)
+    return Table(frame, f"{markdown}\n{density_answer(needed)}\n" + (f"\n{decide}\n" if decide else ""))
 
 
 def main(argv: list[str] | None = None) -> None:
