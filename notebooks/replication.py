@@ -83,6 +83,8 @@ stopped = replication.both_stopped(original, again)
 if stopped:
     print(replication.verdict_agreement(original["equivalence_chosen.csv"], again["equivalence_chosen.csv"],
                                         names).markdown)
+    print(replication.needed_agreement(original["equivalence_chosen.csv"], again["equivalence_chosen.csv"],
+                                       names).markdown)
     print(replication.stopping_steps(original["chosen_steps.csv"], again["chosen_steps.csv"], names).markdown)
 else:
     print("Not both studies stopped their cells at a dev-chosen step: nothing to compare there.")

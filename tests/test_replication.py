@@ -108,6 +108,8 @@ def test_two_dev_stopped_studies_are_also_compared_at_their_chosen_steps(tmp_pat
     assert "**1 of 1 verdicts agree**" in section[0] and "**0 of 1 verdicts agree**" in section[1], (
         "the last-step and chosen-step verdicts are not counted apart")
     assert "175 ± 10" in section[1], "where each arm stopped is missing"
+    assert "The rank needed to match FullFT at those steps" in section[1] and "| r1 or less | **no** |" in section[1]
+    assert "Does the needed rank grow" not in report, "the question needs two densities, and neither study has them"
     assert pd.read_csv(again / "replication_chosen.csv")["verdict_replication"].tolist() == ["equivalent"]
     assert (again / "figures" / "replication_chosen.png").is_file()
 

@@ -91,8 +91,8 @@ def _with_interval(row, value: str, study: str) -> str:
 
 
 def needed_agreement(original: pd.DataFrame, replication: pd.DataFrame, names: tuple[str, str]) -> Table:
-    """The rank each regime needs to match FullFT (rank_needed.py) in both studies' equivalence tables, and the
-    answer each gives to whether it grows with the reward's density."""
+    """The rank each regime needs to match FullFT (rank_needed.py) in both studies' equivalence tables, and, where
+    either spans two densities, the answer each gives to whether it grows with the reward's density."""
     needed = [needed_ranks(frame) for frame in (original, replication)]
     described = [pd.DataFrame({"regime": [n.regime for n in study], "needed": [n.describe() for n in study]})
                  for study in needed]
@@ -101,8 +101,11 @@ def needed_agreement(original: pd.DataFrame, replication: pd.DataFrame, names: t
     rows = [[r.regime, r.needed_original, r.needed_replication, "yes" if r.agree else "**no**"]
             for r in both.itertuples()]
     table = markdown_table(["regime", f"rank needed, {names[0]}", f"rank needed, {names[1]}", "agree"], rows)
-    answers = ", ".join(f"{name}: {growth(study)}" for name, study in zip(names, needed))
-    return Table(both, f"{table}\nDoes the needed rank grow with the reward's density? {answers}.\n")
+    answers = {name: growth(study) for name, study in zip(names, needed)}
+    if set(answers.values()) == {"one density"}:  # the question needs two densities; neither study has them
+        return Table(both, table)
+    said = ", ".join(f"{name}: {answer}" for name, answer in answers.items())
+    return Table(both, f"{table}\nDoes the needed rank grow with the reward's density? {said}.\n")
 
 
 def fullft_gains(original: pd.DataFrame, replication: pd.DataFrame, names: tuple[str, str]) -> Table:
@@ -173,8 +176,10 @@ def _stopping_section(original: dict[str, pd.DataFrame], replication: dict[str, 
     """The report's section on two dev-stopped studies, its verdicts (replication_chosen.csv) and figure written."""
     table, figure = (out / name for name in STOPPING_FILES)
     verdicts = _write_comparison(original, replication, "equivalence_chosen.csv", names, margin, table, figure)
+    needed = needed_agreement(original["equivalence_chosen.csv"], replication["equivalence_chosen.csv"], names)
     steps = stopping_steps(original["chosen_steps.csv"], replication["chosen_steps.csv"], names)
     return (f"\n## At each arm's dev-chosen step\n\nBoth studies stopped each cell at its own best dev evaluation "
             f"and compared LoRA with FullFT on the held-out answers there (the verdicts above are at the last step)."
             f"\n\n{verdicts.markdown}\n![LoRA − FullFT at the dev-chosen steps in both studies](figures/"
-            f"replication_chosen.png)\n\nWhere each arm stopped (mean ± sd over seeds):\n\n{steps.markdown}")
+            f"replication_chosen.png)\n\nThe rank needed to match FullFT at those steps:\n\n{needed.markdown}\n"
+            f"Where each arm stopped (mean ± sd over seeds):\n\n{steps.markdown}")
