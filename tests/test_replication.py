@@ -209,3 +209,16 @@ def test_a_committed_replication_report_sets_every_shared_verdict_of_both_studie
         assert len(committed) == shared, f"{written}.csv misses a comparison both studies made"
         assert (committed["agree"] == (committed["verdict_original"] == committed["verdict_replication"])).all()
         assert (folder / "figures" / f"{written}.png").is_file()
+
+
+@pytest.mark.parametrize("original, replication", COMMITTED_REPLICATIONS)
+def test_a_committed_replication_report_is_what_the_code_writes_from_the_committed_summaries(original, replication,
+                                                                                           tmp_path):
+    committed = REPO_ROOT / "outputs" / replication
+    for summary in committed.glob("*.csv"):
+        if not summary.name.startswith("replication"):
+            (tmp_path / summary.name).write_bytes(summary.read_bytes())
+    written = write_replication_report(REPO_ROOT / "outputs" / original, tmp_path, (original, replication), margin=0.05)
+    assert written.read_text() == (committed / "replication.md").read_text(), (
+        f"outputs/{replication}/replication.md is stale: rerun `./run_all.sh --profile {replication} --stages "
+        f"analysis`, or, without its cells, write_replication_report on the committed summaries")
