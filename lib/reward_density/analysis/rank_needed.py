@@ -178,7 +178,8 @@ COLUMNS = ["regime", "density", "largest_rank_behind", "smallest_rank_matching",
 
 
 def rank_needed_table(equivalence: pd.DataFrame) -> Table:
-    """Per regime: its density, which ranks match FullFT, which are behind, the needed rank; then the answer."""
+    """Per regime: its density, the largest rank behind FullFT and the smallest that matches it, and the needed rank in
+    words; then the answer, and the seeds that would decide what is left open."""
     needed = needed_ranks(equivalence)
     if not needed:
         return Table(pd.DataFrame(columns=COLUMNS), "No LoRA arm was compared with FullFT.\n")
