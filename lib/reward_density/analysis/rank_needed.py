@@ -177,15 +177,21 @@ def seeds_to_decide(equivalence: pd.DataFrame, needed: list[NeededRank]) -> str:
 COLUMNS = ["regime", "density", "largest_rank_behind", "smallest_rank_matching", "pinned", "needed"]
 
 
-def rank_needed_table(equivalence: pd.DataFrame) -> Table:
+def needed_frame(needed: list[NeededRank]) -> pd.DataFrame:
     """Per regime: its density, the largest rank behind FullFT and the smallest that matches it, and the needed rank in
-    words; then the answer, and the seeds that would decide what is left open."""
+    words (the table's CSV)."""
+    rows = [[n.regime, DENSITY.get(n.regime, "control" if n.regime == SFT else ""), n.above, n.at_most, n.pinned,
+             n.describe()] for n in needed]
+    return pd.DataFrame(rows, columns=COLUMNS).astype({"smallest_rank_matching": "Int64"})
+
+
+def rank_needed_table(equivalence: pd.DataFrame) -> Table:
+    """needed_frame of a study's equivalence table, then the answer, and the seeds that would decide what is left
+    open."""
     needed = needed_ranks(equivalence)
     if not needed:
         return Table(pd.DataFrame(columns=COLUMNS), "No LoRA arm was compared with FullFT.\n")
-    rows = [[n.regime, DENSITY.get(n.regime, "control" if n.regime == SFT else ""), n.above, n.at_most, n.pinned,
-             n.describe()] for n in needed]
-    frame = pd.DataFrame(rows, columns=COLUMNS).astype({"smallest_rank_matching": "Int64"})
+    frame = needed_frame(needed)
     lines = [[r.regime, r.density, r.needed] for r in frame.itertuples()]
     markdown = markdown_table(["regime", "reward density", "LoRA rank needed to match FullFT"], lines)
     decide = seeds_to_decide(equivalence, needed)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from .plots import plot_equivalence
-from .rank_needed import growth, needed_ranks
+from .rank_needed import growth, needed_frame, needed_ranks
 from .tables import WORLDS, Table, compared_worlds_sentence, frame_worlds, markdown_table
 
 SUMMARIES = ("equivalence.csv", "gain.csv")
@@ -94,9 +94,7 @@ def needed_agreement(original: pd.DataFrame, replication: pd.DataFrame, names: t
     """The rank each regime needs to match FullFT (rank_needed.py) in both studies' equivalence tables, and, where
     either spans two densities, the answer each gives to whether it grows with the reward's density."""
     needed = [needed_ranks(frame) for frame in (original, replication)]
-    described = [pd.DataFrame({"regime": [n.regime for n in study], "needed": [n.describe() for n in study]})
-                 for study in needed]
-    both = _side_by_side(*described, ["regime"], ["needed"])
+    both = _side_by_side(*(needed_frame(study) for study in needed), ["regime"], ["needed"])
     both["agree"] = both["needed_original"] == both["needed_replication"]
     rows = [[r.regime, r.needed_original, r.needed_replication, "yes" if r.agree else "**no**"]
             for r in both.itertuples()]
