@@ -118,6 +118,18 @@ plots.plot_equivalence(equivalence.frame, equivalence_margin, figures / "equival
 display(Image(figures / "equivalence.png"))
 
 # %% [markdown]
+# ## The answer at a glance
+#
+# The needed rank drawn: per regime, sparsest reward first and the SFT control last, the bar spans where the needed
+# rank lies, above the open circle (the largest rank behind FullFT, 0 when none is) and at most the filled one (the
+# smallest rank that matches; "beyond" when none does), hatched while undecided ranks lie inside it. Beside it, each
+# rank's standing: green matches FullFT, red behind, grey undecided.
+
+# %%
+plots.plot_rank_needed(equivalence.frame, figures / "rank_needed.png");
+display(Image(figures / "rank_needed.png"))
+
+# %% [markdown]
 # ## Plateau and collapse
 #
 # Did each arm stop learning before its last step (at most 10% of its gain in the last quarter)? And, per

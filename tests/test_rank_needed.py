@@ -1,7 +1,10 @@
 """The rank each regime needs to match FullFT, and the answer to the study's question, read off the verdicts."""
 import pandas as pd
 import pytest
+from matplotlib.colors import to_hex
+from matplotlib.patches import Rectangle
 
+from reward_density.analysis.plots import STANDING_COLORS, plot_rank_needed
 from reward_density.analysis.rank_needed import density_answer, main, needed_ranks, rank_needed_table, seeds_to_decide
 from reward_density.experiment.profiles import REPO_ROOT
 from reward_density.rewards import DENSITIES, DENSITY, REGIMES
@@ -136,3 +139,34 @@ def test_the_command_reads_a_studys_csv_and_names_a_file_that_is_not_an_equivale
     with pytest.raises(SystemExit):
         main([str(tmp_path / "missing.csv")])
     assert "missing.csv: no such file" in capsys.readouterr().err
+
+
+def test_the_figure_draws_each_range_open_below_and_closed_above_with_each_ranks_standing_beside_it(tmp_path):
+    frame = equivalence(  # given out of order: the figure puts the sparsest reward first and the control last
+        sft={1: BEHIND, 4: BEHIND}, distillation={1: BEHIND, 4: EQUIVALENT, 16: EQUIVALENT},
+        outcome={1: EQUIVALENT, 4: INCONCLUSIVE, 16: AHEAD}, process={1: EQUIVALENT, 16: BEHIND},
+    )
+    ax = plot_rank_needed(frame, tmp_path / "rank_needed.png").axes[0]
+    assert (tmp_path / "rank_needed.png").is_file()
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        "outcome\nO(1)", "process\nO(S)", "distillation\nO(N)", "sft\ncontrol"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["0", "r1", "r4", "r16", "beyond r16"]
+    bars = {round(p.get_x() + p.get_width() / 2): p for p in ax.patches if isinstance(p, Rectangle) and p.get_width()}
+    spans = {x: (bar.get_y(), bar.get_y() + bar.get_height(), bool(bar.get_hatch())) for x, bar in bars.items()}
+    assert spans == {0: (0, 1, False), 2: (1, 2, False), 3: (2, 4, False)}, "outcome r1 or less, distillation r4, " \
+        "sft more than r4; process is not monotone and gets no range"
+    assert [t.get_text() for t in ax.texts] == ["not monotone"]
+    dots = {(round(line.get_xdata()[0] - 0.25), line.get_ydata()[0]): to_hex(line.get_color()) for line in ax.lines
+            if len(line.get_xdata()) and line.get_xdata()[0] % 1}
+    assert dots[(0, 2)] == to_hex(STANDING_COLORS["undecided"]) and dots[(0, 3)] == to_hex(STANDING_COLORS["matches"])
+    assert dots[(1, 3)] == to_hex(STANDING_COLORS["behind"]), "process r16 is significantly behind FullFT"
+    assert ax.get_title().endswith("cannot tell")
+
+
+def test_the_figure_hatches_a_range_that_undecided_ranks_leave_open_and_marks_an_empty_table(tmp_path):
+    frame = equivalence(outcome={1: INCONCLUSIVE, 4: EQUIVALENT}, distillation={1: EQUIVALENT})
+    ax = plot_rank_needed(frame, tmp_path / "open.png").axes[0]
+    assert [bool(p.get_hatch()) for p in ax.patches if p.get_width()] == [True, False]
+    no_lora = equivalence(outcome={1: EQUIVALENT}).iloc[:0]  # FullFT alone: the table has its columns and no row
+    empty = plot_rank_needed(no_lora, tmp_path / "empty.png").axes[0]
+    assert [t.get_text() for t in empty.texts] == ["no LoRA arm paired with FullFT"]

@@ -109,3 +109,11 @@ def test_the_readmes_needed_ranks_are_read_off_each_studys_committed_verdicts():
         expected = [described.get(regime, "–") for regime in ("outcome", "process", "distillation", "sft")]
         assert quoted == [*expected, growth(needed)], (
             f"the README reads {label} as {quoted}; {table.relative_to(REPO_ROOT)} gives {expected}, {growth(needed)}")
+
+
+def test_every_file_the_readme_links_or_shows_is_in_the_repository():
+    links = [link.split("#")[0] for link in re.findall(r"\]\(([^)\s]+)\)", README.read_text())
+             if not link.startswith(("http://", "https://", "#"))]
+    assert len(links) >= 10, f"only {len(links)} links were found: has the README's link syntax changed?"
+    missing = [link for link in links if not (REPO_ROOT / link).exists()]
+    assert not missing, f"the README links or shows files the repository does not have: {missing}"

@@ -1,6 +1,7 @@
 """The study's figures, saved as PNG with fixed metadata so that reruns write byte-identical files."""
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,10 +13,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from ..rewards import DENSITY  # noqa: E402
 from .kl import final_kl, kl_table  # noqa: E402
 from .load import Cells, arms, ranks, regimes  # noqa: E402
+from .rank_needed import by_density, growth, needed_ranks, standing  # noqa: E402
 from .tables import accuracy_table  # noqa: E402
 
 PNG_METADATA = {"Software": None}
@@ -247,6 +251,48 @@ def plot_equivalence(frames: pd.DataFrame | dict[str, pd.DataFrame], margin: flo
             ax.legend(fontsize=7, loc="best")
         else:  # below the panel: inside, the studies' entries would cover an arm's intervals
             ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+    return _save(fig, path)
+
+
+STANDING_COLORS = {"matches": "tab:green", "behind": "tab:red", "undecided": "tab:gray"}
+
+
+def plot_rank_needed(equivalence: pd.DataFrame, path: str | Path) -> Figure:
+    """The study's answer drawn from its equivalence table: per regime, sparsest reward first and the SFT control
+    last, the range of its needed rank (rank_needed.py; open below, closed above, hatched while undecided ranks lie
+    inside it) beside each rank's standing against FullFT; the title says whether the need grows with density."""
+    needed = needed_ranks(equivalence)
+    order = by_density(needed) + [n for n in needed if n.regime not in DENSITY]
+    fig, ax = plt.subplots(figsize=(1.5 * max(len(order), 2) + 2.5, 3.8))
+    if not order:
+        _empty(ax, "no LoRA arm paired with FullFT")
+        return _save(fig, path)
+    ranks_ = sorted(equivalence["rank"].astype(int).unique())
+    level = {rank: i for i, rank in enumerate([0, *ranks_, math.inf])}  # an even step per grid rank
+    for x, n in enumerate(order):
+        for row in equivalence[equivalence["regime"] == n.regime].itertuples():
+            ax.plot(x + 0.25, level[int(row.rank)], "o", markersize=5,
+                    color=STANDING_COLORS[standing(row.verdict, row.estimate)])
+        if not n.monotone:
+            ax.text(x, len(ranks_) / 2, "not monotone", rotation=90, ha="center", va="center", fontsize=8)
+            continue
+        low, high = level[n.above], level[n.bounds[1]]
+        ax.add_patch(Rectangle((x - 0.12, low), 0.24, high - low, facecolor="tab:blue", alpha=0.3,
+                               hatch=None if n.pinned else "//", edgecolor="tab:blue"))
+        ax.plot(x, low, "o", color="white", markeredgecolor="tab:blue")
+        ax.plot(x, high, "o", color="tab:blue")
+    rl = len(by_density(needed))
+    if 0 < rl < len(order):
+        ax.axvline(rl - 0.5, color="k", linestyle=":", linewidth=0.8)
+    ax.set_xticks(range(len(order)), [f"{n.regime}\n{DENSITY.get(n.regime, 'control')}" for n in order])
+    ax.set_xlim(-0.5, len(order) - 0.5)
+    ax.set_yticks(range(len(level)), ["0", *[f"r{r}" for r in ranks_], f"beyond r{ranks_[-1]}"])
+    ax.set_ylim(-0.5, len(level) - 0.5)
+    for name, color in STANDING_COLORS.items():
+        ax.plot([], [], "o", color=color, label=f"rank {name}" + ("" if name == "undecided" else " FullFT"))
+    ax.add_patch(Rectangle((0, 0), 0, 0, facecolor="tab:blue", alpha=0.3, label="needed rank: above ○, at most ●"))
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set(ylabel="LoRA rank needed to match FullFT", title=f"Does the needed rank grow with density? {growth(needed)}")
     return _save(fig, path)
 
 

@@ -68,13 +68,20 @@ class NeededRank:
         return f"{text} ({'; '.join(by_verdict)})"
 
 
+def standing(verdict: str, estimate: float) -> str:
+    """Where one rank stands against FullFT: 'matches' (equivalent, or significantly ahead), 'behind' (significantly
+    below) or 'undecided' (inconclusive or skipped)."""
+    if verdict == "equivalent" or (verdict == "different" and estimate > 0):
+        return "matches"
+    return "behind" if verdict == "different" and estimate < 0 else "undecided"
+
+
 def _needed(regime: str, rows: pd.DataFrame) -> NeededRank:
     """A regime's needed rank from its rows of the equivalence table."""
     rows = rows.sort_values("rank")
-    ahead = (rows["verdict"] == "different") & (rows["estimate"] > 0)
-    matches = rows.loc[(rows["verdict"] == "equivalent") | ahead, "rank"].astype(int).tolist()
-    behind = rows.loc[(rows["verdict"] == "different") & (rows["estimate"] < 0), "rank"].astype(int).tolist()
-    above, at_most = max(behind, default=0), min(matches, default=None)
+    standings = {int(r.rank): standing(r.verdict, r.estimate) for r in rows.itertuples()}
+    above = max((rank for rank, s in standings.items() if s == "behind"), default=0)
+    at_most = min((rank for rank, s in standings.items() if s == "matches"), default=None)
     undecided = {int(r.rank): r.verdict for r in rows.itertuples()
                  if above < r.rank < (math.inf if at_most is None else at_most)}
     return NeededRank(regime, above, at_most, undecided)
@@ -101,7 +108,7 @@ def _order(sparser: NeededRank, denser: NeededRank) -> str | None:
     return None
 
 
-def _by_density(needed: list[NeededRank]) -> list[NeededRank]:
+def by_density(needed: list[NeededRank]) -> list[NeededRank]:
     """The RL regimes, sparsest reward first (the SFT control has no density)."""
     return sorted((n for n in needed if n.regime in DENSITY), key=lambda n: DENSITIES.index(DENSITY[n.regime]))
 
@@ -114,7 +121,7 @@ def _orders(regimes: list[NeededRank]) -> dict[tuple[str, str], str | None]:
 
 def growth(needed: list[NeededRank]) -> str:
     """The answer in short: 'grows', 'does not grow', 'shrinks', 'not steadily', 'cannot tell' or 'one density'."""
-    orders = _orders(_by_density(needed))
+    orders = _orders(by_density(needed))
     found = set(orders.values())
     if not orders:
         return "one density"
@@ -128,7 +135,7 @@ def growth(needed: list[NeededRank]) -> str:
 def density_answer(needed: list[NeededRank]) -> str:
     """Whether the needed rank grows with the reward's density, in a sentence or two, naming what each regime needs;
     the SFT control's rank effect says whether the study could have seen one."""
-    regimes, answer = _by_density(needed), growth(needed)
+    regimes, answer = by_density(needed), growth(needed)
     named = "; ".join(f"{n.regime} ({DENSITY[n.regime]}): {n.describe()}" for n in regimes)
     if answer == "one density":
         sentence = "The regimes compared span fewer than two reward densities: the question needs two or more."

@@ -10,7 +10,7 @@ from ..experiment.config import parse_cell_name
 from .dynamics import collapse_table, plateau_table
 from .kl import END_FRACTION, ESTIMATOR, kl_table
 from .load import Cells, arm_name, arms, ranks, world_entries
-from .plots import FIGURES, plot_equivalence
+from .plots import FIGURES, plot_equivalence, plot_rank_needed
 from .rank_needed import rank_needed_table
 from .speed import speed_markdown
 from .stopping import answers_at_chosen_steps, chosen_table
@@ -123,6 +123,7 @@ def world_sentence(cells: Cells) -> str:
 
 
 EQUIVALENCE_FIGURE = "equivalence"  # the verdicts at a glance, drawn from the equivalence table
+RANK_NEEDED_FIGURE = "rank_needed"  # the answer at a glance, drawn from the same table
 INTERVAL = ("two-way random-effects interval over seeds and problems (crossed): Student's t with Satterthwaite's "
             "degrees of freedom, which widens with few seeds (statistics.py)")
 
@@ -147,6 +148,7 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
     (out / "accuracy.md").write_text(tables["accuracy"].markdown)
     worlds_frame(cells.worlds).to_csv(out / WORLDS, index=False)
     plot_equivalence(tables["equivalence"].frame, margin, out / "figures" / f"{EQUIVALENCE_FIGURE}.png")
+    plot_rank_needed(tables["equivalence"].frame, out / "figures" / f"{RANK_NEEDED_FIGURE}.png")
     for name, plot in FIGURES.items():
         plot(cells, out / "figures" / f"{name}.png")
     report = out / "report.md"
@@ -259,7 +261,7 @@ def _dynamics_sections(tables: dict[str, Table], out: Path, confidence: float) -
         speed_markdown(out),
         "## Figures",
         "",
-        *[f"![{name}](figures/{name}.png)" for name in (EQUIVALENCE_FIGURE, *FIGURES)],
+        *[f"![{name}](figures/{name}.png)" for name in (EQUIVALENCE_FIGURE, RANK_NEEDED_FIGURE, *FIGURES)],
         "",
     ]
 
