@@ -141,6 +141,21 @@ def test_the_command_reads_a_studys_csv_and_names_a_file_that_is_not_an_equivale
     assert "missing.csv: no such file" in capsys.readouterr().err
 
 
+def test_the_command_given_several_studies_sets_their_needed_ranks_side_by_side(tmp_path, capsys):
+    paths = [tmp_path / "dense.csv", tmp_path / "outcome_only.csv"]
+    equivalence(outcome={1: EQUIVALENT}, distillation={1: BEHIND, 4: EQUIVALENT}).to_csv(paths[0], index=False)
+    equivalence(outcome={1: INCONCLUSIVE, 2: EQUIVALENT}).to_csv(paths[1], index=False)
+    main([str(path) for path in paths])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| study | outcome (O(1)) | process (O(S)) | distillation (O(N)) | SFT control | does it grow? |"
+    assert lines[2:4] == [f"| {paths[0]} | r1 or less | – | r4 | – | grows |",
+                         f"| {paths[1]} | r2 or less (r1 inconclusive) | – | – | – | one density |"]
+    (tmp_path / "gain.csv").write_text("regime,arm,gain\noutcome,full,0.5\n")
+    with pytest.raises(SystemExit):
+        main([str(paths[0]), str(tmp_path / "gain.csv")])
+    assert "gain.csv: not an equivalence table" in capsys.readouterr().err, "the file that is not one is named"
+
+
 def test_the_figure_draws_each_range_open_below_and_closed_above_with_each_ranks_standing_beside_it(tmp_path):
     frame = equivalence(  # given out of order: the figure puts the sparsest reward first and the control last
         sft={1: BEHIND, 4: BEHIND}, distillation={1: BEHIND, 4: EQUIVALENT, 16: EQUIVALENT},

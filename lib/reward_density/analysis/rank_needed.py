@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..experiment.config import SFT
-from ..rewards import DENSITIES, DENSITY
+from ..rewards import DENSITIES, DENSITY, REGIMES
 from .statistics import MAX_PROJECTED_SEEDS
 from .tables import Table, markdown_table
 
@@ -205,17 +205,35 @@ def rank_needed_table(equivalence: pd.DataFrame) -> Table:
     return Table(frame, f"{markdown}\n{density_answer(needed)}\n" + (f"\n{decide}\n" if decide else ""))
 
 
+def studies_table(tables: dict[str, pd.DataFrame]) -> str:
+    """Several studies' needed ranks side by side, one row per study (name -> its equivalence table): each regime's,
+    sparsest reward first and the SFT control last ('–' where the study compared none), and the answer."""
+    rows = []
+    for name, frame in tables.items():
+        needed = needed_ranks(frame)
+        described = {n.regime: n.describe() for n in needed}
+        rows.append([name, *(described.get(regime, "–") for regime in (*REGIMES, SFT)), growth(needed)])
+    header = ["study", *(f"{regime} ({DENSITY[regime]})" for regime in REGIMES), "SFT control", "does it grow?"]
+    return markdown_table(header, rows)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Print the needed-rank table and the answer of a study's equivalence.csv (a committed summary will do)."""
+    """Print the needed-rank table and the answer of a study's equivalence.csv (a committed summary will do), or, given
+    several, one row per study."""
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("equivalence", type=Path, help="a study's equivalence.csv (or equivalence_chosen.csv)")
-    path = parser.parse_args(argv).equivalence
-    if not path.is_file():
-        parser.error(f"{path}: no such file")
-    try:
-        print(rank_needed_table(pd.read_csv(path)).markdown)
-    except ValueError as error:  # a malformed or empty CSV too
-        parser.error(f"{path}: {error}")
+    parser.add_argument("equivalence", type=Path, nargs="+",
+                        help="a study's equivalence.csv (or equivalence_chosen.csv); several: one row each")
+    paths = parser.parse_args(argv).equivalence
+    tables = {}
+    for path in paths:
+        if not path.is_file():
+            parser.error(f"{path}: no such file")
+        try:
+            tables[str(path)] = pd.read_csv(path)
+            needed_ranks(tables[str(path)])  # refuses a CSV that is not an equivalence table, naming it
+        except ValueError as error:  # a malformed or empty CSV too
+            parser.error(f"{path}: {error}")
+    print(rank_needed_table(tables[str(paths[0])]).markdown if len(paths) == 1 else studies_table(tables))
 
 
 if __name__ == "__main__":
