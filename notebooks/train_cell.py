@@ -121,11 +121,12 @@ checker = make_checker(config.answer_format)
 inputs = cell.load_inputs(config, checker)
 base = base_evaluation(config, inputs.student, inputs.tokenizer, inputs.heldout, checker)
 policy = cell.make_policy(configs, inputs.student)
-writers = [cell.CellWriter(c, extra={"hidden_size": inputs.student.config.hidden_size}) for c in configs]
+trained = [sum(p.numel() for p in policy.parameters(arm)) for arm in range(len(configs))]
+writers = [cell.CellWriter(c, extra={"hidden_size": inputs.student.config.hidden_size, "trained_parameters": n})
+           for c, n in zip(configs, trained)]
 print(f"{len(inputs.train)} training problems, {len(inputs.heldout)} held-out; base greedy pass@1 {base[0]:.3f}")
-for arm, c in enumerate(configs):
-    trainable = sum(p.numel() for p in policy.parameters(arm))
-    print(f"  {c.name}: {trainable} trainable parameters ({'FullFT' if c.rank is None else f'LoRA r={c.rank}'})")
+for c, n in zip(configs, trained):
+    print(f"  {c.name}: {n} trainable parameters ({'FullFT' if c.rank is None else f'LoRA r={c.rank}'})")
 
 # %% [markdown]
 # ## Training

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..experiment import cell_folder
 from ..experiment.config import parse_cell_name
+from .capacity import BITS_PER_PARAMETER, capacity_table
 from .dynamics import collapse_table, plateau_table
 from .kl import END_FRACTION, ESTIMATOR, kl_table
 from .load import Cells, arm_name, arms, ranks, world_entries
@@ -135,6 +136,13 @@ RANK_NEEDED = ("The study's question read off the verdicts above (rank_needed.py
                "what would decide them.")
 
 
+CAPACITY = ("The arithmetic behind the question (capacity.py): a reward carries about one bit per deposit, and a trained "
+            f"network holds about {BITS_PER_PARAMETER:g} bits per parameter, so an arm whose parameters hold fewer bits "
+            "than its cells received should fall behind. Per regime, the deposits a cell received over its training "
+            "(completions x deposits per completion, mean over its arms and seeds), the bits each arm's trained "
+            "parameters hold, and the smallest rank that holds them, beside the rank the verdicts above need.")
+
+
 def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: float = 0.95,
                  profile_name: str = "", planned: Sequence[str] | None = None) -> Path:
     """Write the tables (CSV and markdown), the cells' world records (worlds.csv), the figures and report.md under
@@ -162,7 +170,8 @@ def report_tables(cells: Cells, margin: float, confidence: float) -> dict[str, T
     """Every table of the report under its file name; the dev-chosen-step ones only when cells scored dev problems."""
     equivalence = equivalence_table(cells, margin, confidence)
     tables = {"accuracy": accuracy_table(cells), "gain": gain_table(cells, confidence), "equivalence": equivalence,
-              "rank_needed": rank_needed_table(equivalence.frame), "plateau": plateau_table(cells),
+              "rank_needed": rank_needed_table(equivalence.frame), "capacity": capacity_table(cells, equivalence.frame),
+              "plateau": plateau_table(cells),
               "collapse": collapse_table(cells), "kl": kl_table(cells, confidence)}
     if not cells.dev_evals.empty:
         answers = answers_at_chosen_steps(cells)
@@ -228,6 +237,11 @@ def _comparison_sections(tables: dict[str, Table], margin: float, confidence: fl
         RANK_NEEDED,
         "",
         tables["rank_needed"].markdown,
+        "## The bits argument, tallied",
+        "",
+        CAPACITY,
+        "",
+        tables["capacity"].markdown,
         *_chosen_section(tables),
     ]
 

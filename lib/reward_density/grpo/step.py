@@ -175,6 +175,7 @@ def step_metrics(rollout: Rollout, deposits: Deposits, advantages: torch.Tensor,
         "frac_truncated": float(rollout.truncated.float().mean()),
         "frac_answered": sum(map(has_boxed_answer, rollout.completions)) / rollout.num_completions,
         "steps_mean": sum(len(split_steps(t)) for t in rollout.completions) / rollout.num_completions,
+        "deposits_mean": float(deposits.deposit_mask.sum(-1).float().mean()),  # per completion: the reward's density
         **deposits.counters,
     }
 

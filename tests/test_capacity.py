@@ -1,0 +1,56 @@
+"""The bits argument tallied on synthetic cells: deposits received against the bits each arm's parameters hold."""
+import json
+
+import pandas as pd
+import pytest
+from test_analysis import write_cell
+
+from reward_density.analysis.capacity import arm_budgets, capacity_table
+from reward_density.analysis.load import load_cells
+from reward_density.analysis.tables import equivalence_table
+
+TRAINED = {1: 20, 2: 40, None: 1000}  # trained parameters by rank (None: FullFT)
+
+
+def with_budget(folder, rank, deposits_per_completion):
+    """A write_cell folder whose steps recorded their deposits and whose params.json its P, G and trained size."""
+    history = pd.read_csv(folder / "history.csv")
+    history["deposits_mean"] = deposits_per_completion
+    history.to_csv(folder / "history.csv", index=False)
+    params = json.loads((folder / "params.json").read_text())
+    params |= {"prompts_per_step": 4, "group_size": 4, "derived": {"trained_parameters": TRAINED[rank]}}
+    (folder / "params.json").write_text(json.dumps(params))
+
+
+@pytest.fixture
+def cells(tmp_path):
+    """outcome (one deposit a completion) and process (three), ranks 1 and 2 and FullFT, two seeds; 4 steps of 16."""
+    for regime, deposits in (("outcome", 1.0), ("process", 3.0)):
+        for rank in TRAINED:
+            for seed in (0, 1):
+                with_budget(write_cell(tmp_path, regime, rank, seed, 5), rank, deposits)
+    return load_cells(tmp_path)
+
+
+def test_each_arm_received_its_completions_times_its_deposits_and_holds_two_bits_a_parameter(cells):
+    budgets = arm_budgets(cells).set_index(["regime", "arm"])
+    assert budgets.loc[("outcome", "r1"), "deposits"] == 4 * 16 * 1.0
+    assert budgets.loc[("process", "r2"), "deposits"] == 4 * 16 * 3.0
+    assert budgets.loc[("outcome", "r2"), "capacity_bits"] == 80 and budgets.loc[("outcome", "r2"), "cells"] == 2
+    assert budgets["holds"].to_dict() == {
+        ("outcome", "r1"): False, ("outcome", "r2"): True, ("outcome", "full"): True,  # 40 < 64 <= 80
+        ("process", "r1"): False, ("process", "r2"): False, ("process", "full"): True}  # 80 < 192
+
+
+def test_the_table_sets_the_rank_the_argument_predicts_beside_the_rank_the_verdicts_need(cells):
+    table = capacity_table(cells, equivalence_table(cells, margin=0.05).frame)
+    assert "| outcome | 1.0 | 64 | r1 40, r2 80, full 2,000 | r2 |" in table.markdown
+    assert "| process | 3.0 | 192 | r1 40, r2 80, full 2,000 | beyond r2 |" in table.markdown
+
+
+def test_cells_that_recorded_no_deposits_are_named_as_such_not_counted_as_zero(tmp_path):
+    write_cell(tmp_path, "outcome", 1, 0, 5)
+    write_cell(tmp_path, "outcome", None, 0, 5)
+    cells = load_cells(tmp_path)
+    table = capacity_table(cells, equivalence_table(cells, margin=0.05).frame)
+    assert table.frame.empty and table.markdown.startswith("No cell recorded its deposits and trained parameters")
