@@ -14,8 +14,8 @@
 # This notebook joins the finished cells of one profile (`<outputs_dir>/cells/<regime>-r<rank|full>-s<seed>/`,
 # finished when `summary.json` exists) into the study's tables and figures, and writes a markdown report.
 # A partial matrix is fine: tables show what exists and comparisons that cannot be made say why.
-# All logic lives in `reward_density.analysis` (load, tables, statistics, rank_needed, dynamics, plots, report); this
-# notebook only calls it.
+# All logic lives in `reward_density.analysis` (load, tables, statistics, rank_needed, capacity, dynamics, plots,
+# report); this notebook only calls it.
 
 # %% tags=["parameters"]
 profile = "smoke"
@@ -27,7 +27,7 @@ planned_cells = None  # the profile's cell names (the runner passes them), so th
 # %%
 from IPython.display import Image, Markdown, display
 
-from reward_density.analysis import dynamics, kl, load, plots, rank_needed, report, tables
+from reward_density.analysis import capacity, dynamics, kl, load, plots, rank_needed, report, tables
 from reward_density.experiment.profiles import REPO_ROOT
 
 report_dir = REPO_ROOT / outputs_dir  # relative paths are taken from the repository root
@@ -128,6 +128,18 @@ display(Image(figures / "equivalence.png"))
 # %%
 plots.plot_rank_needed(equivalence.frame, figures / "rank_needed.png");
 display(Image(figures / "rank_needed.png"))
+
+# %% [markdown]
+# ## The bits argument, tallied
+#
+# The arithmetic behind the question: a reward carries about one bit per deposit and a trained network holds about
+# two bits per parameter, so the rank an arm needs should be the smallest whose parameters hold what its cells
+# received. Per regime, the deposits a cell received over its training and the bits each arm holds, and the rank
+# this predicts beside the rank the verdicts need. Where the two differ, the argument does not describe this world.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(capacity.capacity_table(cells, equivalence.frame).markdown)
 
 # %% [markdown]
 # ## Plateau and collapse

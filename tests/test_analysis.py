@@ -177,8 +177,8 @@ def test_report_and_every_figure_are_written_deterministically(outputs, tmp_path
     cells = load_cells(outputs)
     out = tmp_path / "analysis"
     report = write_report(cells, out, margin=0.05, confidence=0.95, profile_name="smoke")
-    names = ["accuracy.csv", "accuracy.md", "equivalence.csv", "rank_needed.csv", "gain.csv", "plateau.csv",
-             "collapse.csv", "kl.csv", "worlds.csv", "report.md"]
+    names = ["accuracy.csv", "accuracy.md", "equivalence.csv", "rank_needed.csv", "capacity.csv", "gain.csv",
+             "plateau.csv", "collapse.csv", "kl.csv", "worlds.csv", "report.md"]
     names += [f"figures/{f}.png" for f in ("equivalence", "rank_needed", *FIGURES)]
     first = {n: (out / n).read_bytes() for n in names}
     assert report == out / "report.md" and all(first.values())
@@ -187,7 +187,7 @@ def test_report_and_every_figure_are_written_deterministically(outputs, tmp_path
     assert "figures/process_collapse.png" in text and "Final minus base" in text
     assert "## Power" in text and "min. detectable difference" in text and "## Plateau" in text
     assert "## The rank needed to match FullFT" in text and "| outcome | O(1) |" in text
-    assert "figures/rank_needed.png" in text
+    assert "figures/rank_needed.png" in text and "## The bits argument, tallied" in text
     assert "dev-chosen" not in text and not (out / "equivalence_chosen.csv").exists(), "no cell scored dev problems"
     write_report(cells, out, margin=0.05, confidence=0.95, profile_name="smoke")
     assert {n: (out / n).read_bytes() for n in names} == first

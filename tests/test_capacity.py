@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from test_analysis import write_cell
 
-from reward_density.analysis.capacity import arm_budgets, capacity_table
+from reward_density.analysis.capacity import arm_budgets, capacity_table, predicted_rank
 from reward_density.analysis.load import load_cells
 from reward_density.analysis.tables import equivalence_table
 
@@ -25,7 +25,7 @@ def with_budget(folder, rank, deposits_per_completion):
 @pytest.fixture
 def cells(tmp_path):
     """outcome (one deposit a completion) and process (three), ranks 1 and 2 and FullFT, two seeds; 4 steps of 16."""
-    for regime, deposits in (("outcome", 1.0), ("process", 3.0)):
+    for regime, deposits in (("process", 3.0), ("outcome", 1.0)):  # written densest first, shown sparsest first
         for rank in TRAINED:
             for seed in (0, 1):
                 with_budget(write_cell(tmp_path, regime, rank, seed, 5), rank, deposits)
@@ -44,8 +44,16 @@ def test_each_arm_received_its_completions_times_its_deposits_and_holds_two_bits
 
 def test_the_table_sets_the_rank_the_argument_predicts_beside_the_rank_the_verdicts_need(cells):
     table = capacity_table(cells, equivalence_table(cells, margin=0.05).frame)
-    assert "| outcome | 1.0 | 64 | r1 40, r2 80, full 2,000 | r2 |" in table.markdown
-    assert "| process | 3.0 | 192 | r1 40, r2 80, full 2,000 | beyond r2 |" in table.markdown
+    rows = table.markdown.splitlines()[2:]
+    assert rows[0].startswith("| outcome | 1.0 | 64 | r1 40, r2 80, full 2,000 | r2 |")
+    assert rows[1].startswith("| process | 3.0 | 192 | r1 40, r2 80, full 2,000 | beyond r2 |")
+
+
+@pytest.mark.parametrize("holds, predicted", [([True, True], "r1 or less"), ([False, True], "r2"),
+                                              ([False, False], "beyond r2")])
+def test_the_predicted_rank_is_the_smallest_that_holds_what_it_received(holds, predicted):
+    budgets = pd.DataFrame({"rank": pd.array([1, 2, None], dtype="Int64"), "holds": [*holds, True]})
+    assert predicted_rank(budgets) == predicted, "FullFT (no rank) holds, but is not a rank the argument can name"
 
 
 def test_cells_that_recorded_no_deposits_are_named_as_such_not_counted_as_zero(tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .load import Cells
+from .load import Cells, regimes
 from .rank_needed import needed_ranks
 from .tables import Table, markdown_table
 
@@ -79,7 +79,8 @@ def capacity_table(cells: Cells, equivalence: pd.DataFrame) -> Table:
                               "recorded, or the SFT control alone, which has no deposits).\n")
     needed = {n.regime: n.describe() for n in needed_ranks(equivalence)}
     lines = []
-    for regime, rows in budgets.groupby("regime", sort=False):
+    for regime in [r for r in regimes(cells) if r in set(budgets["regime"])]:  # sparsest reward first
+        rows = budgets[budgets["regime"] == regime]
         received = rows["deposits"].mean()
         capacity = ", ".join(f"{arm} {bits:,.0f}" for arm, bits in zip(rows["arm"], rows["capacity_bits"]))
         lines.append([regime, f"{rows['deposits_per_completion'].mean():.1f}", f"{received:,.0f}", capacity,

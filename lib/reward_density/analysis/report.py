@@ -136,11 +136,11 @@ RANK_NEEDED = ("The study's question read off the verdicts above (rank_needed.py
                "what would decide them.")
 
 
-CAPACITY = ("The arithmetic behind the question (capacity.py): a reward carries about one bit per deposit, and a trained "
-            f"network holds about {BITS_PER_PARAMETER:g} bits per parameter, so an arm whose parameters hold fewer bits "
-            "than its cells received should fall behind. Per regime, the deposits a cell received over its training "
-            "(completions x deposits per completion, mean over its arms and seeds), the bits each arm's trained "
-            "parameters hold, and the smallest rank that holds them, beside the rank the verdicts above need.")
+CAPACITY = ("The arithmetic behind the question (capacity.py): a reward carries about one bit per deposit, and a "
+            f"trained network holds about {BITS_PER_PARAMETER:g} bits per parameter, so an arm whose parameters hold "
+            "fewer bits than its cells received should fall behind. Per regime, the deposits a cell received over its "
+            "training (completions x deposits per completion, mean over its arms and seeds), the bits each arm's "
+            "trained parameters hold, and the smallest rank that holds them, beside the rank the verdicts above need.")
 
 
 def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: float = 0.95,
@@ -171,8 +171,7 @@ def report_tables(cells: Cells, margin: float, confidence: float) -> dict[str, T
     equivalence = equivalence_table(cells, margin, confidence)
     tables = {"accuracy": accuracy_table(cells), "gain": gain_table(cells, confidence), "equivalence": equivalence,
               "rank_needed": rank_needed_table(equivalence.frame), "capacity": capacity_table(cells, equivalence.frame),
-              "plateau": plateau_table(cells),
-              "collapse": collapse_table(cells), "kl": kl_table(cells, confidence)}
+              "plateau": plateau_table(cells), "collapse": collapse_table(cells), "kl": kl_table(cells, confidence)}
     if not cells.dev_evals.empty:
         answers = answers_at_chosen_steps(cells)
         chosen = equivalence_table(cells, margin, confidence, answers=answers)
