@@ -99,7 +99,7 @@ print(tables.power_markdown(equivalence.frame))
 # behind when significantly below. If more rank never needs less, the needed rank lies above every rank behind and
 # at or below the smallest rank that matches; inconclusive ranks between the two leave it open. Regimes of
 # different densities are ordered only where those ranges do not overlap. The SFT control says whether these
-# statistics see a rank effect where the skill needs capacity.
+# statistics see LoRA fall behind FullFT where it does.
 
 # %%
 # NBVAL_CHECK_OUTPUT

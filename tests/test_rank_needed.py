@@ -84,8 +84,8 @@ def test_an_undecided_rank_does_not_stop_two_disjoint_ranges_from_being_ordered(
 def test_the_sft_control_says_whether_the_statistics_can_see_a_rank_effect():
     rl = {"outcome": {1: EQUIVALENT}, "distillation": {1: EQUIVALENT}}
     seen = density_answer(needed_ranks(equivalence(**rl, sft={1: BEHIND, 16: BEHIND})))
-    assert seen.endswith("The SFT control needs more than r16: these statistics find a rank effect where the skill "
-                         "needs capacity.")
+    assert seen.endswith("The SFT control needs more than r16: these statistics find LoRA behind FullFT where it "
+                         "falls behind.")
     unseen = density_answer(needed_ranks(equivalence(**rl, sft={1: EQUIVALENT, 16: EQUIVALENT})))
     assert "this study cannot tell a regime that needs no more rank than it ran from one whose rank effect it cannot " \
            "see" in unseen

@@ -14,7 +14,7 @@ from reward_density.tools.stand_ins import build_qwen3
 
 PROBLEMS = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\n", "41")]
 METRICS = ["loss", "reward_mean", "advantage_std", "advantage_abs_max", "kl_ref", "clip_frac", "grad_norm",
-           "len_mean", "len_max", "frac_truncated", "frac_answered", "steps_mean", "step_seconds",
+           "len_mean", "len_max", "frac_truncated", "frac_answered", "steps_mean", "deposits_mean", "step_seconds",
            "generate_seconds", "reward_seconds", "reference_seconds", "train_seconds"]
 TIMINGS = {"step_seconds", "generate_seconds", "reward_seconds", "reference_seconds", "train_seconds"}
 
@@ -69,6 +69,7 @@ def test_metrics_row_carries_every_contract_name(tiny_model_dir, tiny_tokenizer)
     missing = [name for name in METRICS if name not in metrics]
     assert not missing, f"metrics row lacks {missing}"
     assert metrics["len_max"] <= 8 and 0 <= metrics["frac_truncated"] <= 1
+    assert metrics["deposits_mean"] == metrics["len_mean"], "distillation deposits on every completion token"
 
 
 def test_the_step_time_splits_into_generate_reward_reference_and_train(tiny_model_dir, tiny_tokenizer):

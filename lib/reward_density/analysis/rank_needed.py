@@ -160,8 +160,8 @@ def density_answer(needed: list[NeededRank]) -> str:
 def _control_sentence(control: NeededRank) -> str:
     """Whether the positive control shows that these statistics detect a rank effect."""
     if control.monotone and control.above:
-        return (f"The SFT control needs {control.describe()}: these statistics find a rank effect where the skill "
-                "needs capacity.")
+        return (f"The SFT control needs {control.describe()}: these statistics find LoRA behind FullFT where it "
+                "falls behind.")
     return (f"No rank of the SFT control is shown behind FullFT (its needed rank: {control.describe()}): this study "
             "cannot tell a regime that needs no more rank than it ran from one whose rank effect it cannot see.")
 
