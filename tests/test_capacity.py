@@ -9,7 +9,7 @@ from reward_density.analysis.capacity import arm_budgets, capacity_table, predic
 from reward_density.analysis.load import load_cells
 from reward_density.analysis.tables import equivalence_table
 
-TRAINED = {1: 20, 2: 40, None: 1000}  # trained parameters by rank (None: FullFT)
+TRAINED = {1: 20, 2: 40, 16: 320, None: 1000}  # trained parameters by rank (None: FullFT)
 
 
 def with_budget(folder, rank, deposits_per_completion):
@@ -24,7 +24,8 @@ def with_budget(folder, rank, deposits_per_completion):
 
 @pytest.fixture
 def cells(tmp_path):
-    """outcome (one deposit a completion) and process (three), ranks 1 and 2 and FullFT, two seeds; 4 steps of 16."""
+    """outcome (one deposit a completion) and process (three), ranks 1, 2 and 16 and FullFT, two seeds; 4 steps of
+    16 completions."""
     for regime, deposits in (("process", 3.0), ("outcome", 1.0)):  # written densest first, shown sparsest first
         for rank in TRAINED:
             for seed in (0, 1):
@@ -38,15 +39,16 @@ def test_each_arm_received_its_completions_times_its_deposits_and_holds_two_bits
     assert budgets.loc[("process", "r2"), "deposits"] == 4 * 16 * 3.0
     assert budgets.loc[("outcome", "r2"), "capacity_bits"] == 80 and budgets.loc[("outcome", "r2"), "cells"] == 2
     assert budgets["holds"].to_dict() == {
-        ("outcome", "r1"): False, ("outcome", "r2"): True, ("outcome", "full"): True,  # 40 < 64 <= 80
-        ("process", "r1"): False, ("process", "r2"): False, ("process", "full"): True}  # 80 < 192
+        ("outcome", "r1"): False, ("outcome", "r2"): True, ("outcome", "r16"): True, ("outcome", "full"): True,
+        ("process", "r1"): False, ("process", "r2"): False, ("process", "r16"): True, ("process", "full"): True}
+    assert list(budgets.loc["outcome"].index) == ["r1", "r2", "r16", "full"], "ranks ascending, then FullFT"
 
 
 def test_the_table_sets_the_rank_the_argument_predicts_beside_the_rank_the_verdicts_need(cells):
     table = capacity_table(cells, equivalence_table(cells, margin=0.05).frame)
     rows = table.markdown.splitlines()[2:]
-    assert rows[0].startswith("| outcome | 1.0 | 64 | r1 40, r2 80, full 2,000 | r2 |")
-    assert rows[1].startswith("| process | 3.0 | 192 | r1 40, r2 80, full 2,000 | beyond r2 |")
+    assert rows[0].startswith("| outcome | 1.0 | 64 | r1 40, r2 80, r16 640, full 2,000 | r2 |")  # 40 < 64 <= 80
+    assert rows[1].startswith("| process | 3.0 | 192 | r1 40, r2 80, r16 640, full 2,000 | r16 |")
 
 
 @pytest.mark.parametrize("holds, predicted", [([True, True], "r1 or less"), ([False, True], "r2"),

@@ -52,9 +52,10 @@ def arm_budgets(cells: Cells) -> pd.DataFrame:
              .agg(rank=("rank", "first"), cells=("arm", "size"), deposits_per_completion=("deposits_per_completion",
                   "mean"), deposits=("deposits", "mean"), trained_parameters=("trained_parameters", "first"))
              .reset_index())
+    frame = frame.sort_values("rank", na_position="last", kind="stable")  # LoRA ranks ascending, then FullFT
     frame["capacity_bits"] = frame["trained_parameters"] * BITS_PER_PARAMETER
     frame["holds"] = frame["capacity_bits"] >= frame["deposits"] * BITS_PER_DEPOSIT
-    return frame[COLUMNS]
+    return frame[COLUMNS].reset_index(drop=True)
 
 
 def predicted_rank(budgets: pd.DataFrame) -> str:
