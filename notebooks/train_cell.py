@@ -121,12 +121,12 @@ checker = make_checker(config.answer_format)
 inputs = cell.load_inputs(config, checker)
 base = base_evaluation(config, inputs.student, inputs.tokenizer, inputs.heldout, checker)
 policy = cell.make_policy(configs, inputs.student)
-trained = [sum(p.numel() for p in policy.parameters(arm)) for arm in range(len(configs))]
-writers = [cell.CellWriter(c, extra={"hidden_size": inputs.student.config.hidden_size, "trained_parameters": n})
-           for c, n in zip(configs, trained)]
+derived = [cell.derived_record(inputs.student, policy, arm) for arm in range(len(configs))]
+writers = [cell.CellWriter(c, extra=record) for c, record in zip(configs, derived)]
 print(f"{len(inputs.train)} training problems, {len(inputs.heldout)} held-out; base greedy pass@1 {base[0]:.3f}")
-for c, n in zip(configs, trained):
-    print(f"  {c.name}: {n} trainable parameters ({'FullFT' if c.rank is None else f'LoRA r={c.rank}'})")
+for c, record in zip(configs, derived):
+    print(f"  {c.name}: {record['trained_parameters']} trainable parameters "
+          f"({'FullFT' if c.rank is None else f'LoRA r={c.rank}'})")
 
 # %% [markdown]
 # ## Training

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..experiment import cell_folder
 from .load import Cells, regimes
 from .rank_needed import needed_ranks
 from .tables import Table, markdown_table
@@ -18,7 +19,6 @@ from .tables import Table, markdown_table
 BITS_PER_DEPOSIT = 1.0  # the hypothesis' own proxy: one bit per reward deposit
 BITS_PER_PARAMETER = 2.0  # a trained network's storage, Allen-Zhu and Li (2024)
 DEPOSITS = "deposits_mean"  # a step's deposits per completion (grpo/step.py's metrics)
-TRAINED = "trained_parameters"  # each cell's count, in its params.json's `derived`
 COLUMNS = ["regime", "arm", "rank", "cells", "deposits_per_completion", "deposits", "trained_parameters",
            "capacity_bits", "holds"]
 
@@ -37,7 +37,7 @@ def arm_budgets(cells: Cells) -> pd.DataFrame:
     rows = []
     for name, steps in history.groupby("cell"):
         params = cells.params.get(name, {})
-        trained = params.get("derived", {}).get(TRAINED)
+        trained = params.get(cell_folder.DERIVED, {}).get(cell_folder.TRAINED_PARAMETERS)
         if trained is None:
             continue
         first = steps.iloc[0]
@@ -48,10 +48,9 @@ def arm_budgets(cells: Cells) -> pd.DataFrame:
     if not rows:
         return pd.DataFrame(columns=COLUMNS)
     per_cell = pd.DataFrame(rows)
-    frame = (per_cell.groupby(["regime", "arm"], sort=False, dropna=False)
-             .agg(rank=("rank", "first"), cells=("arm", "size"), deposits_per_completion=("deposits_per_completion",
-                  "mean"), deposits=("deposits", "mean"), trained_parameters=("trained_parameters", "first"))
-             .reset_index())
+    frame = per_cell.groupby(["regime", "arm"], sort=False).agg(
+        rank=("rank", "first"), cells=("arm", "size"), deposits_per_completion=("deposits_per_completion", "mean"),
+        deposits=("deposits", "mean"), trained_parameters=("trained_parameters", "first")).reset_index()
     frame = frame.sort_values("rank", na_position="last", kind="stable")  # LoRA ranks ascending, then FullFT
     frame["capacity_bits"] = frame["trained_parameters"] * BITS_PER_PARAMETER
     frame["holds"] = frame["capacity_bits"] >= frame["deposits"] * BITS_PER_DEPOSIT

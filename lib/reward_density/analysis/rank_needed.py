@@ -158,7 +158,7 @@ def density_answer(needed: list[NeededRank]) -> str:
 
 
 def _control_sentence(control: NeededRank) -> str:
-    """Whether the positive control shows that these statistics detect a rank effect."""
+    """Whether the positive control shows that these statistics detect LoRA falling behind FullFT."""
     if control.monotone and control.above:
         return (f"The SFT control needs {control.describe()}: these statistics find LoRA behind FullFT where it "
                 "falls behind.")

@@ -158,7 +158,7 @@ class CellWriter:
             (self.folder / stale).unlink(missing_ok=True)
         self.board = live_board(config)
         write_json_atomic(self.folder / cell_folder.PARAMS, config.to_parameters() | {
-            "derived": extra or {}, cell_folder.WORLD: fingerprints(config.world_inputs)})
+            cell_folder.DERIVED: extra or {}, cell_folder.WORLD: fingerprints(config.world_inputs)})
 
     def add_step(self, row: dict[str, Any]) -> None:
         self.history.append(row)
@@ -305,6 +305,13 @@ def make_policy(configs: list[CellConfig], student: torch.nn.Module) -> Policy |
     if config.engine == "stacked":
         return StackedPolicy(student, [policy_config(c) for c in configs], config.seed)
     return Policy(student, policy_config(config), keep_reference=config.beta > 0 or config.track_kl)
+
+
+def derived_record(student: torch.nn.Module, policy: Policy | StackedPolicy, arm: int) -> dict[str, int]:
+    """What an arm's params.json records of the built policy: the student's hidden size and the arm's trained
+    parameter count."""
+    return {"hidden_size": student.config.hidden_size,
+            cell_folder.TRAINED_PARAMETERS: sum(p.numel() for p in policy.parameters(arm))}
 
 
 def make_optimizer(configs: list[CellConfig], policy: Policy | StackedPolicy) -> torch.optim.Optimizer:

@@ -5,6 +5,8 @@ from pathlib import Path
 
 PARAMS = "params.json"  # the cell's config
 WORLD = "world_fingerprints"  # params.json's record of the world the cell read: a hash of each entry (provenance.py)
+DERIVED = "derived"  # params.json's values read off the built policy (cell.derived_record)
+TRAINED_PARAMETERS = "trained_parameters"  # in DERIVED: the arm's trained parameter count (capacity.py reads it)
 HISTORY = "history.csv"  # one row of metrics per GRPO step
 EVALS = "evals.csv"  # one row per held-out evaluation
 ANSWERS = "answers.csv"  # one row per held-out problem at each evaluation
