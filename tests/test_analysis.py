@@ -189,6 +189,7 @@ def test_report_and_every_figure_are_written_deterministically(outputs, tmp_path
     assert "## The rank needed to match FullFT" in text and "| outcome | O(1) |" in text
     assert "figures/rank_needed.png" in text and "## The bits argument, tallied" in text
     assert "dev-chosen" not in text and not (out / "equivalence_chosen.csv").exists(), "no cell scored dev problems"
+    assert not (out / "figures" / "rank_needed_chosen.png").exists()
     write_report(cells, out, margin=0.05, confidence=0.95, profile_name="smoke")
     assert {n: (out / n).read_bytes() for n in names} == first
 
@@ -459,4 +460,6 @@ def test_the_report_adds_the_dev_chosen_comparison_when_cells_scored_dev_problem
     assert chosen["arm"].tolist() == ["r1", "r2"]
     assert "The rank needed to match FullFT at those steps" in text
     assert pd.read_csv(tmp_path / "analysis" / "rank_needed_chosen.csv")["regime"].tolist() == ["process"]
+    figure = tmp_path / "analysis" / "figures" / "rank_needed_chosen.png"
+    assert "(figures/rank_needed_chosen.png)" in text and figure.is_file()
     assert set(chosen["verdict"]) <= {"equivalent", "different", "inconclusive"}

@@ -157,6 +157,8 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
     worlds_frame(cells.worlds).to_csv(out / WORLDS, index=False)
     plot_equivalence(tables["equivalence"].frame, margin, out / "figures" / f"{EQUIVALENCE_FIGURE}.png")
     plot_rank_needed(tables["equivalence"].frame, out / "figures" / f"{RANK_NEEDED_FIGURE}.png")
+    if "equivalence_chosen" in tables:
+        plot_rank_needed(tables["equivalence_chosen"].frame, out / "figures" / f"{RANK_NEEDED_FIGURE}_chosen.png")
     for name, plot in FIGURES.items():
         plot(cells, out / "figures" / f"{name}.png")
     report = out / "report.md"
@@ -295,4 +297,6 @@ def _chosen_section(tables: dict[str, Table]) -> list[str]:
         "The rank needed to match FullFT at those steps:",
         "",
         tables["rank_needed_chosen"].markdown,
+        f"![{RANK_NEEDED_FIGURE} at the dev-chosen steps](figures/{RANK_NEEDED_FIGURE}_chosen.png)",
+        "",
     ]
