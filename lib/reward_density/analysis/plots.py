@@ -262,7 +262,8 @@ def plot_rank_needed(equivalence: pd.DataFrame, path: str | Path) -> Figure:
     last, the range of its needed rank (rank_needed.py; open below, closed above, hatched while undecided ranks lie
     inside it) beside each rank's standing against FullFT; the title says whether the need grows with density."""
     needed = needed_ranks(equivalence)
-    order = by_density(needed) + [n for n in needed if n.regime not in DENSITY]
+    rl = by_density(needed)
+    order = rl + [n for n in needed if n.regime not in DENSITY]
     fig, ax = plt.subplots(figsize=(1.5 * max(len(order), 2) + 2.5, 3.8))
     if not order:
         _empty(ax, "no LoRA arm paired with FullFT")
@@ -281,9 +282,8 @@ def plot_rank_needed(equivalence: pd.DataFrame, path: str | Path) -> Figure:
                                hatch=None if n.pinned else "//", edgecolor="tab:blue"))
         ax.plot(x, low, "o", color="white", markeredgecolor="tab:blue")
         ax.plot(x, high, "o", color="tab:blue")
-    rl = len(by_density(needed))
-    if 0 < rl < len(order):
-        ax.axvline(rl - 0.5, color="k", linestyle=":", linewidth=0.8)
+    if 0 < len(rl) < len(order):  # the SFT control set apart from the RL regimes
+        ax.axvline(len(rl) - 0.5, color="k", linestyle=":", linewidth=0.8)
     ax.set_xticks(range(len(order)), [f"{n.regime}\n{DENSITY.get(n.regime, 'control')}" for n in order])
     ax.set_xlim(-0.5, len(order) - 0.5)
     ax.set_yticks(range(len(level)), ["0", *[f"r{r}" for r in ranks_], f"beyond r{ranks_[-1]}"])
