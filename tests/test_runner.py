@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import runpy
@@ -592,6 +593,19 @@ def test_a_notebook_runs_in_a_kernel_whose_traffic_is_encrypted_where_the_instal
     error = capfd.readouterr().err
     if notebooks.kernel_config():  # pyzmq with CurveZMQ and jupyter_client 8.10+, as the set-up installs them
         assert "without encryption" not in error, f"the kernel ran unencrypted:\n{error}"
+
+
+def test_a_notebooks_logged_output_keeps_what_it_printed_and_drops_its_displays_bare_reprs(tmp_path, caplog):
+    source = tmp_path / "displays.py"
+    source.write_text("# %%\nfrom IPython.display import Markdown, display\n"
+                      "display(Markdown('**a table**'))\nprint('<b>printed</b>')\n")
+    with caplog.at_level(logging.INFO, logger="papermill"):
+        notebooks.execute_notebook(source, tmp_path / "displays.ipynb", {}, log_output=True)
+    logged = [record.getMessage() for record in caplog.records if record.name == "papermill"]
+    assert "<b>printed</b>\n" in logged, f"a printed line must reach the log: {logged}"
+    assert not any("IPython.core.display" in line for line in logged), f"a bare repr reached the log: {logged}"
+    kept = json.loads((tmp_path / "displays.ipynb").read_text())["cells"][0]["outputs"][0]
+    assert "".join(kept["data"]["text/markdown"]) == "**a table**", "the display itself must stay in the notebook"
 
 
 def test_a_kernel_that_never_answers_is_started_again_and_other_errors_are_not_retried(tmp_path, monkeypatch):

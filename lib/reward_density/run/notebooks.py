@@ -1,7 +1,9 @@
 """Run one jupytext py:percent notebook with papermill (papermill cannot read .py sources itself)."""
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -23,6 +25,20 @@ FAILURE_PREFIX = "CELL FAILED: "  # starts the line a failed cell prints (its lo
 # while the other ran its notebook in 3 s.
 KERNEL_START_ATTEMPTS = 3
 KERNEL_START_FAILURES = ("Kernel didn't respond in", "Kernel died before replying to kernel_info")
+# The text form of a display that has none of its own (IPython's Markdown and Image, a matplotlib figure), which
+# papermill's log_output would put on the console as a line that says nothing. A printed line ends in a newline,
+# so it never matches.
+BARE_REPR = re.compile(r"<[\w.]+ object(?: at 0x[0-9a-fA-F]+)?>|<Figure size [\d.x]+ with \d+ Axes>")
+
+
+class WithoutBareReprs(logging.Filter):
+    """Drops papermill's log lines that are a display's bare repr (BARE_REPR)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return BARE_REPR.fullmatch(record.getMessage()) is None
+
+
+WITHOUT_BARE_REPRS = WithoutBareReprs()
 
 
 def encrypts_kernels(manager: type) -> bool:
@@ -110,6 +126,7 @@ def execute_notebook(
 
 def _papermill(notebook: Path, output: Path, parameters: dict[str, Any], cwd: Path | None, log_output: bool) -> None:
     """One papermill execution of an .ipynb in a fresh kernel."""
+    logging.getLogger("papermill").addFilter(WITHOUT_BARE_REPRS)  # once: a logger keeps one copy of a filter
     papermill.execute_notebook(
         str(notebook),
         str(output),
