@@ -59,7 +59,7 @@ def error_of(tmp_path: Path, data) -> str:
 
 @pytest.mark.parametrize("name, cells", [("mini", 96), ("mini_sweep", 192), ("mini_klfree", 72),
                                          ("mini_outcome_seeds", 72), ("mini_outcome_powered", 204),
-                                         ("mini_outcome_longer", 36), ("mini_process_longer", 24),
+                                         ("mini_outcome_longer", 36), ("mini_process_longer", 24), ("mini_sft_longer", 24),
                                          ("mini_process_powered", 126), ("mini_process_stopping", 72),
                                          ("mini_sweep_stopping", 62), ("mini_process_stopping_swept", 72),
                                          ("mini_world1", 96), ("mini_world2", 96),
@@ -92,14 +92,15 @@ REPLICATIONS = {"mini_outcome_seeds": "outcome", "mini_outcome_powered": "outcom
 
 def assert_minis_arms(mini, other, name: str, regime: str) -> set[str]:
     """Check that a profile trains mini's arms at mini's rates in one regime, in mini's world, analysed as mini;
-    return the cell settings where it differs from mini (sft_batch_size, which only the SFT control reads, aside)."""
+    return the cell settings where it differs from mini (sft_batch_size, which only the SFT control reads, aside in
+    the RL regimes)."""
     assert other.matrix.regimes == (regime,)
     assert (other.matrix.ranks, other.matrix.full_ft) == (mini.matrix.ranks, mini.matrix.full_ft)
     assert other.matrix.learning_rate[regime] == mini.matrix.learning_rate[regime]
     assert other.world == mini.world, f"{name} trains in another world"
     assert other.analysis == mini.analysis, f"{name} is analysed with another margin or level"
     differing = {k for k in mini.cell.keys() | other.cell.keys() if mini.cell.get(k) != other.cell.get(k)}
-    return differing - {"sft_batch_size"}
+    return differing - ({"sft_batch_size"} if regime != "sft" else set())
 
 
 def test_the_replications_differ_from_mini_only_in_fresh_seeds():
@@ -117,12 +118,13 @@ def test_the_replications_differ_from_mini_only_in_fresh_seeds():
         assert not differing, f"{name}'s cell settings differ from mini's: {sorted(differing)}"
 
 
-@pytest.mark.parametrize("name, regime", [("mini_outcome_longer", "outcome"), ("mini_process_longer", "process")])
-def test_a_longer_run_continues_minis_cells_of_its_regime_to_200_steps(name, regime):
+@pytest.mark.parametrize("name, regime, steps", [("mini_outcome_longer", "outcome", 200),
+                                                  ("mini_process_longer", "process", 200), ("mini_sft_longer", "sft", 400)])
+def test_a_longer_run_continues_minis_cells_of_its_regime_and_changes_nothing_else(name, regime, steps):
     mini, longer = (load_profile(find_profile(profile)) for profile in ("mini", name))
     differing = assert_minis_arms(mini, longer, name, regime)
     assert set(mini.matrix.seeds[regime]) <= set(longer.matrix.seeds[regime]), f"{name} leaves out mini's seeds"
-    assert cell_config(longer, regime, 1, 0).steps == 200
+    assert cell_config(longer, regime, 1, 0).steps == steps
     assert differing == {"steps"}, f"{name} differs from mini in {sorted(differing)}"
 
 
@@ -254,7 +256,7 @@ def test_the_profiles_compared_with_minis_cells_train_at_its_rates_and_steps():
 
 
 @pytest.mark.parametrize("name", ["mini_outcome_seeds", "mini_outcome_powered", "mini_outcome_longer",
-                                  "mini_process_longer", "mini_process_powered", "mini_process_stopping",
+                                  "mini_process_longer", "mini_sft_longer", "mini_process_powered", "mini_process_stopping",
                                   "mini_process_stopping_swept", "mini_process_stopping_swept_seeds",
                                   "mini_world1_process_stopping_swept", "mini_world2_process_stopping_swept"])
 def test_a_committed_single_regime_report_is_of_its_profiles_seeds_and_steps(name):
