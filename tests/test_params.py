@@ -59,7 +59,8 @@ def error_of(tmp_path: Path, data) -> str:
 
 @pytest.mark.parametrize("name, cells", [("mini", 96), ("mini_sweep", 192), ("mini_klfree", 72),
                                          ("mini_outcome_seeds", 72), ("mini_outcome_powered", 204),
-                                         ("mini_outcome_longer", 36), ("mini_process_longer", 24), ("mini_sft_longer", 24),
+                                         ("mini_outcome_longer", 36), ("mini_process_longer", 24),
+                                         ("mini_sft_longer", 24),
                                          ("mini_process_powered", 126), ("mini_process_stopping", 72),
                                          ("mini_sweep_stopping", 62), ("mini_process_stopping_swept", 72),
                                          ("mini_world1", 96), ("mini_world2", 96),
@@ -119,7 +120,8 @@ def test_the_replications_differ_from_mini_only_in_fresh_seeds():
 
 
 @pytest.mark.parametrize("name, regime, steps", [("mini_outcome_longer", "outcome", 200),
-                                                  ("mini_process_longer", "process", 200), ("mini_sft_longer", "sft", 400)])
+                                                  ("mini_process_longer", "process", 200),
+                                                  ("mini_sft_longer", "sft", 400)])
 def test_a_longer_run_continues_minis_cells_of_its_regime_and_changes_nothing_else(name, regime, steps):
     mini, longer = (load_profile(find_profile(profile)) for profile in ("mini", name))
     differing = assert_minis_arms(mini, longer, name, regime)
@@ -256,9 +258,10 @@ def test_the_profiles_compared_with_minis_cells_train_at_its_rates_and_steps():
 
 
 @pytest.mark.parametrize("name", ["mini_outcome_seeds", "mini_outcome_powered", "mini_outcome_longer",
-                                  "mini_process_longer", "mini_sft_longer", "mini_process_powered", "mini_process_stopping",
+                                  "mini_process_longer", "mini_process_powered", "mini_process_stopping",
                                   "mini_process_stopping_swept", "mini_process_stopping_swept_seeds",
-                                  "mini_world1_process_stopping_swept", "mini_world2_process_stopping_swept"])
+                                  "mini_world1_process_stopping_swept", "mini_world2_process_stopping_swept",
+                                  "mini_sft_longer"])
 def test_a_committed_single_regime_report_is_of_its_profiles_seeds_and_steps(name):
     # (The 12-seed run's first, 100-step version projected the powered run's 34 seeds; it is in git history.)
     profile = load_profile(find_profile(name))

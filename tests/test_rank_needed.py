@@ -5,7 +5,14 @@ from matplotlib.colors import to_hex
 from matplotlib.patches import Rectangle
 
 from reward_density.analysis.plots import STANDING_COLORS, plot_rank_needed
-from reward_density.analysis.rank_needed import density_answer, main, needed_ranks, rank_needed_table, seeds_to_decide
+from reward_density.analysis.rank_needed import (
+    density_answer,
+    growth,
+    main,
+    needed_ranks,
+    rank_needed_table,
+    seeds_to_decide,
+)
 from reward_density.experiment.profiles import REPO_ROOT
 from reward_density.rewards import DENSITIES, DENSITY, REGIMES
 
@@ -70,9 +77,18 @@ def test_a_rank_behind_above_one_that_matches_is_called_not_monotone_and_orders_
      "r1 or less; process (O(S)): r4 or less (r1 inconclusive)."),
     ({"outcome": {1: EQUIVALENT}}, "The regimes compared span fewer than two reward densities: the question needs two "
                                    "or more."),
+    ({"sft": {1: BEHIND, 4: EQUIVALENT}},
+     "The regimes compared span fewer than two reward densities: the question needs two or more. The SFT control "
+     "needs r4: these statistics find LoRA behind FullFT where it falls behind."),
 ])
 def test_the_answer_orders_regimes_by_density_only_where_their_ranges_do_not_overlap(verdicts, answer):
     assert density_answer(needed_ranks(equivalence(**verdicts))) == answer
+
+
+@pytest.mark.parametrize("verdicts, answer", [({"sft": {1: BEHIND}}, "no RL regime"),
+                                              ({"outcome": {1: EQUIVALENT}, "sft": {1: BEHIND}}, "one density")])
+def test_a_study_of_fewer_than_two_densities_says_how_many_it_has(verdicts, answer):
+    assert growth(needed_ranks(equivalence(**verdicts))) == answer
 
 
 def test_an_undecided_rank_does_not_stop_two_disjoint_ranges_from_being_ordered():

@@ -108,6 +108,10 @@ def _order(sparser: NeededRank, denser: NeededRank) -> str | None:
     return None
 
 
+NO_RL_REGIME, ONE_DENSITY = "no RL regime", "one density"  # growth()'s answers where there is nothing to order
+TOO_FEW_DENSITIES = (NO_RL_REGIME, ONE_DENSITY)
+
+
 def by_density(needed: list[NeededRank]) -> list[NeededRank]:
     """The RL regimes, sparsest reward first (the SFT control has no density)."""
     return sorted((n for n in needed if n.regime in DENSITY), key=lambda n: DENSITIES.index(DENSITY[n.regime]))
@@ -120,11 +124,15 @@ def _orders(regimes: list[NeededRank]) -> dict[tuple[str, str], str | None]:
 
 
 def growth(needed: list[NeededRank]) -> str:
-    """The answer in short: 'grows', 'does not grow', 'shrinks', 'not steadily', 'cannot tell' or 'one density'."""
-    orders = _orders(by_density(needed))
+    """The answer in short: 'grows', 'does not grow', 'shrinks', 'not steadily', 'cannot tell', or one of
+    TOO_FEW_DENSITIES."""
+    regimes = by_density(needed)
+    orders = _orders(regimes)
     found = set(orders.values())
+    if not regimes:
+        return NO_RL_REGIME
     if not orders:
-        return "one density"
+        return ONE_DENSITY
     if None in found:
         return "cannot tell"
     if found == {"same"}:
@@ -137,7 +145,7 @@ def density_answer(needed: list[NeededRank]) -> str:
     the SFT control's rank effect says whether the study could have seen one."""
     regimes, answer = by_density(needed), growth(needed)
     named = "; ".join(f"{n.regime} ({DENSITY[n.regime]}): {n.describe()}" for n in regimes)
-    if answer == "one density":
+    if answer in TOO_FEW_DENSITIES:
         sentence = "The regimes compared span fewer than two reward densities: the question needs two or more."
     elif answer == "cannot tell":
         unknown = ", ".join(f"{a} against {b}" for (a, b), order in _orders(regimes).items() if order is None)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from .plots import plot_equivalence
-from .rank_needed import growth, needed_frame, needed_ranks
+from .rank_needed import TOO_FEW_DENSITIES, growth, needed_frame, needed_ranks
 from .tables import WORLDS, Table, compared_worlds_sentence, frame_worlds, markdown_table
 
 SUMMARIES = ("equivalence.csv", "gain.csv")
@@ -100,7 +100,7 @@ def needed_agreement(original: pd.DataFrame, replication: pd.DataFrame, names: t
             for r in both.itertuples()]
     table = markdown_table(["regime", f"rank needed, {names[0]}", f"rank needed, {names[1]}", "agree"], rows)
     answers = {name: growth(study) for name, study in zip(names, needed)}
-    if set(answers.values()) == {"one density"}:  # the question needs two densities; neither study has them
+    if set(answers.values()) <= set(TOO_FEW_DENSITIES):  # the question needs two densities; neither study has them
         return Table(both, table)
     said = ", ".join(f"{name}: {answer}" for name, answer in answers.items())
     return Table(both, f"{table}\nDoes the needed rank grow with the reward's density? {said}.\n")
