@@ -127,12 +127,12 @@ def growth(needed: list[NeededRank]) -> str:
     """The answer in short: 'grows', 'does not grow', 'shrinks', 'not steadily', 'cannot tell', or one of
     TOO_FEW_DENSITIES."""
     regimes = by_density(needed)
-    orders = _orders(regimes)
-    found = set(orders.values())
     if not regimes:
         return NO_RL_REGIME
+    orders = _orders(regimes)
     if not orders:
         return ONE_DENSITY
+    found = set(orders.values())
     if None in found:
         return "cannot tell"
     if found == {"same"}:
