@@ -31,14 +31,9 @@ KERNEL_START_FAILURES = ("Kernel didn't respond in", "Kernel died before replyin
 BARE_REPR = re.compile(r"<[\w.]+ object(?: at 0x[0-9a-fA-F]+)?>|<Figure size [\d.x]+ with \d+ Axes>")
 
 
-class WithoutBareReprs(logging.Filter):
-    """Drops papermill's log lines that are a display's bare repr (BARE_REPR)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return BARE_REPR.fullmatch(record.getMessage()) is None
-
-
-WITHOUT_BARE_REPRS = WithoutBareReprs()
+def not_a_bare_repr(record: logging.LogRecord) -> bool:
+    """A logging filter: keeps a log line unless it is a display's bare repr (BARE_REPR)."""
+    return BARE_REPR.fullmatch(record.getMessage()) is None
 
 
 def encrypts_kernels(manager: type) -> bool:
@@ -126,7 +121,7 @@ def execute_notebook(
 
 def _papermill(notebook: Path, output: Path, parameters: dict[str, Any], cwd: Path | None, log_output: bool) -> None:
     """One papermill execution of an .ipynb in a fresh kernel."""
-    logging.getLogger("papermill").addFilter(WITHOUT_BARE_REPRS)  # once: a logger keeps one copy of a filter
+    logging.getLogger("papermill").addFilter(not_a_bare_repr)  # once: a logger keeps one copy of a filter
     papermill.execute_notebook(
         str(notebook),
         str(output),
