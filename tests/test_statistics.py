@@ -33,7 +33,8 @@ def interval_of(diffs: np.ndarray, confidence: float) -> tuple[float, float]:
 
 def test_the_variance_is_the_two_way_anova_estimate_computed_by_hand():
     rng = np.random.default_rng(7)
-    d = rng.normal(size=(4, 9)) + rng.normal(size=(4, 1)) + rng.normal(size=(1, 9))
+    # Scaled so that the interval stays inside [-1, 1], where a mean difference of 0/1 results lies.
+    d = 0.2 * (rng.normal(size=(4, 9)) + rng.normal(size=(4, 1)) + rng.normal(size=(1, 9)))
     s, p = d.shape
     grand = sum(map(sum, d.tolist())) / (s * p)
     rows = [sum(r) / p for r in d.tolist()]
@@ -127,6 +128,19 @@ def test_tost_reads_the_1_minus_2alpha_interval():
     assert result.alpha == pytest.approx(0.05)
     assert (result.ci_low, result.ci_high) == pytest.approx(diff.interval(0.90))
     assert diff.ci_low <= result.ci_low <= result.ci_high <= diff.ci_high
+
+
+def test_an_interval_for_a_gain_near_one_stops_at_one_where_the_true_difference_must_lie():
+    """A skill learned almost whole by every seed but one (the 400-step SFT control's rank 2): the t interval
+    would reach past 1, which no difference of two 0/1 results can."""
+    gains = np.ones((4, 50))
+    gains[0, :10] = 0  # one seed missed a fifth of the problems
+    diff = crossed_interval(gains, confidence=0.95)
+    half = stats.t.ppf(0.975, diff.df) * diff.se
+    assert diff.estimate + half > 1, "the case must be one whose uncut interval passes 1"
+    assert (diff.ci_low, diff.ci_high) == pytest.approx((diff.estimate - half, 1.0))
+    assert diff.interval(0.90)[1] == 1.0
+    assert crossed_interval(-gains).ci_low == -1.0
 
 
 def test_the_minimum_detectable_difference_is_the_t_quantiles_times_the_standard_error():

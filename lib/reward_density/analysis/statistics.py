@@ -41,8 +41,7 @@ class PairedDiff:
 
     def interval(self, confidence: float) -> tuple[float, float]:
         """The two-sided interval at another confidence level, from the same standard error."""
-        half = float(stats.t.ppf(0.5 + confidence / 2, self.df)) * self.se
-        return self.estimate - half, self.estimate + half
+        return t_interval(self.estimate, self.se, self.df, confidence)
 
     @property
     def half_width(self) -> float:
@@ -161,8 +160,23 @@ def seeds_for_equivalence(diffs: np.ndarray, margin: float, alpha: float = 0.05,
     return None
 
 
+DIFFERENCE_RANGE = (-1.0, 1.0)  # a mean of differences of 0/1 results, such as two arms' pass@1, lies here
+
+
+def t_interval(estimate: float, se: float, df: float, confidence: float) -> tuple[float, float]:
+    """Student's t interval around an estimate, cut to DIFFERENCE_RANGE.
+
+    The cut keeps the coverage: the true difference lies in that range, so it lies in the cut interval whenever
+    it lies in the whole one. A t interval can otherwise reach past 1 for a gain near 1 (an arm that learns a
+    whole skill the base lacks).
+    """
+    half = float(stats.t.ppf(0.5 + confidence / 2, df)) * se
+    low, high = DIFFERENCE_RANGE
+    return max(estimate - half, low), min(estimate + half, high)
+
+
 def crossed_interval(diffs: np.ndarray, confidence: float = 0.95) -> PairedDiff:
-    """Mean of a seeds x problems difference matrix with its crossed random-effects t interval."""
+    """Mean of a seeds x problems matrix of differences of 0/1 results, with its crossed random-effects t interval."""
     diffs = np.asarray(diffs, dtype=float)
     if diffs.ndim != 2 or diffs.size == 0:
         raise ValueError(f"expected a non-empty seeds x problems matrix, got shape {diffs.shape}")
@@ -170,8 +184,8 @@ def crossed_interval(diffs: np.ndarray, confidence: float = 0.95) -> PairedDiff:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
     variance, df = variance_of_mean(diffs)
     estimate, se = float(diffs.mean()), float(np.sqrt(variance))
-    half = float(stats.t.ppf(0.5 + confidence / 2, df)) * se
-    return PairedDiff(estimate, se, df, estimate - half, estimate + half, confidence, diffs.size, *diffs.shape)
+    return PairedDiff(estimate, se, df, *t_interval(estimate, se, df, confidence), confidence, diffs.size,
+                      *diffs.shape)
 
 
 def paired_diff(a: pd.DataFrame, b: pd.DataFrame, confidence: float = 0.95) -> PairedDiff:
