@@ -136,3 +136,23 @@ def test_a_damaged_saved_base_evaluation_is_evaluated_again_with_a_warning(tmp_p
     with pytest.warns(UserWarning, match=r"base-k\.json is not valid JSON"):
         assert baseline.base_evaluation(config, None, None, [], None) == (1.0, rows)
     assert baseline.base_evaluation(config, None, None, [], None) == (1.0, rows), "the evaluation was not saved again"
+
+
+def test_a_base_evaluation_gives_its_rows_keys_in_one_order_whether_computed_or_read_back(tmp_path, monkeypatch):
+    """A cell's answers.csv takes its columns from the base rows' keys: computed or read from the saved
+    evaluation, the same params must write the same bytes."""
+    from types import SimpleNamespace
+
+    from reward_density.experiment import baseline
+
+    rows = [{"problem_id": "000", "verdict": "correct", "correct": True, "length": 3}]  # greedy_eval's order
+    monkeypatch.setattr(baseline, "base_eval_key", lambda config: "k")
+    monkeypatch.setattr(baseline, "greedy_eval", lambda *args, **kwargs: (1.0, [dict(r) for r in rows]))
+    config = SimpleNamespace(base_answers=str(tmp_path), device="cpu", precision="fp32", eval_max_new_tokens=4,
+                             eval_batch_size=1, student="student")
+    computed = baseline.base_evaluation(config, None, None, [], None)
+    read_back = baseline.base_evaluation(config, None, None, [], None)
+    assert (tmp_path / "base-k.json").is_file(), "the first call should have saved the evaluation"
+    assert computed == read_back
+    assert [list(row) for row in computed[1]] == [list(row) for row in read_back[1]], (
+        "the computed rows' keys come in another order than the saved ones': answers.csv would differ in bytes")

@@ -72,7 +72,8 @@ def base_evaluation(config: CellConfig, model: torch.nn.Module, tokenizer: PreTr
                                   batch_size=config.eval_batch_size)
     if path is not None:
         write_json_atomic(path, {"pass1": pass1, "rows": rows, "student": config.student})
-    return pass1, rows
+    # Keys as a saved evaluation reads back (sorted), so a cell's answers.csv is the same bytes either way.
+    return pass1, [dict(sorted(row.items())) for row in rows]
 
 
 def _read_saved(path: Path) -> dict | None:
