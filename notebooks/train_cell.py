@@ -92,6 +92,7 @@ from reward_density.analysis.tables import rounded
 from reward_density.data.answer_check import make_checker
 from reward_density.experiment import cell
 from reward_density.experiment.baseline import base_evaluation
+from reward_density.experiment.cell_folder import TRAINED_PARAMETERS
 from reward_density.experiment.config import notebook_settings
 from reward_density.experiment.profiles import find_profile, group_configs, load_profile
 
@@ -125,7 +126,7 @@ derived = [cell.derived_record(inputs.student, policy, arm) for arm in range(len
 writers = [cell.CellWriter(c, extra=record) for c, record in zip(configs, derived)]
 print(f"{len(inputs.train)} training problems, {len(inputs.heldout)} held-out; base greedy pass@1 {base[0]:.3f}")
 for c, record in zip(configs, derived):
-    print(f"  {c.name}: {record['trained_parameters']} trainable parameters "
+    print(f"  {c.name}: {record[TRAINED_PARAMETERS]} trainable parameters "
           f"({'FullFT' if c.rank is None else f'LoRA r={c.rank}'})")
 
 # %% [markdown]
