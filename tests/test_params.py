@@ -60,7 +60,7 @@ def error_of(tmp_path: Path, data) -> str:
 @pytest.mark.parametrize("name, cells", [("mini", 96), ("mini_sweep", 192), ("mini_klfree", 72),
                                          ("mini_outcome_seeds", 72), ("mini_outcome_powered", 204),
                                          ("mini_outcome_longer", 36), ("mini_process_longer", 24),
-                                         ("mini_sft_longer", 24),
+                                         ("mini_sft_longer", 24), ("mini_sft_longer_decay", 24),
                                          ("mini_process_powered", 126), ("mini_process_stopping", 72),
                                          ("mini_sweep_stopping", 62), ("mini_process_stopping_swept", 72),
                                          ("mini_world1", 96), ("mini_world2", 96),
@@ -128,6 +128,16 @@ def test_a_longer_run_continues_minis_cells_of_its_regime_and_changes_nothing_el
     assert set(mini.matrix.seeds[regime]) <= set(longer.matrix.seeds[regime]), f"{name} leaves out mini's seeds"
     assert cell_config(longer, regime, 1, 0).steps == steps
     assert differing == {"steps"}, f"{name} differs from mini in {sorted(differing)}"
+
+
+def test_the_decayed_sft_control_is_the_longer_one_with_a_linear_schedule_and_nothing_else_changed():
+    mini, longer, decayed = (load_profile(find_profile(name))
+                             for name in ("mini", "mini_sft_longer", "mini_sft_longer_decay"))
+    differing = assert_minis_arms(mini, decayed, "mini_sft_longer_decay", "sft")
+    assert differing == {"steps", "lr_schedule"}, f"mini_sft_longer_decay differs from mini in {sorted(differing)}"
+    assert decayed.matrix.seeds == longer.matrix.seeds
+    config = cell_config(decayed, "sft", 1, 0)
+    assert (config.steps, config.lr_schedule) == (cell_config(longer, "sft", 1, 0).steps, "linear")
 
 
 def test_the_stopping_run_is_minis_process_regime_on_powered_seeds_trained_longer_and_scored_at_every_step():
@@ -261,7 +271,7 @@ def test_the_profiles_compared_with_minis_cells_train_at_its_rates_and_steps():
                                   "mini_process_longer", "mini_process_powered", "mini_process_stopping",
                                   "mini_process_stopping_swept", "mini_process_stopping_swept_seeds",
                                   "mini_world1_process_stopping_swept", "mini_world2_process_stopping_swept",
-                                  "mini_sft_longer"])
+                                  "mini_sft_longer", "mini_sft_longer_decay"])
 def test_a_committed_single_regime_report_is_of_its_profiles_seeds_and_steps(name):
     # (The 12-seed run's first, 100-step version projected the powered run's 34 seeds; it is in git history.)
     profile = load_profile(find_profile(name))

@@ -131,7 +131,7 @@ def test_tost_reads_the_1_minus_2alpha_interval():
 
 
 def test_an_interval_for_a_gain_near_one_stops_at_one_where_the_true_difference_must_lie():
-    """A skill learned almost whole by every seed but one (the 400-step SFT control's rank 2): the t interval
+    """A skill learned almost whole by every seed but one (as by the 400-step SFT control's rank 4): the t interval
     would reach past 1, which no difference of two 0/1 results can."""
     gains = np.ones((4, 50))
     gains[0, :10] = 0  # one seed missed a fifth of the problems
