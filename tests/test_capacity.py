@@ -58,6 +58,34 @@ def test_the_predicted_rank_is_the_smallest_that_holds_what_it_received(holds, p
     assert predicted_rank(budgets) == predicted, "FullFT (no rank) holds, but is not a rank the argument can name"
 
 
+def with_control(folder, rank, world, bits):
+    """An SFT control cell (write_cell's) that read world/control, whose manifest records the table's bits."""
+    params = json.loads((folder / "params.json").read_text())
+    params |= {"control": str(world / "control"), "derived": {"trained_parameters": TRAINED[rank]}}
+    (folder / "params.json").write_text(json.dumps(params))
+    world.mkdir(exist_ok=True)
+    (world / "manifest.json").write_text(json.dumps({"components": {"control": {"facts": 9, "bits": bits}}}))
+
+
+def test_the_sft_control_must_hold_its_tables_bits_which_its_worlds_manifest_records(tmp_path):
+    for rank in (1, 2, None):
+        with_control(write_cell(tmp_path, "sft", rank, 0, 5), rank, tmp_path / "world", bits=60)
+    with_budget(write_cell(tmp_path, "outcome", 1, 0, 5), 1, 1.0)
+    cells = load_cells(tmp_path)
+    budgets = arm_budgets(cells).set_index(["regime", "arm"])
+    assert budgets.loc[("sft", "r1"), "bits"] == 60 and not budgets.loc[("sft", "r1"), "holds"], "40 bits < 60"
+    assert budgets.loc[("sft", "r2"), "holds"] and pd.isna(budgets.loc[("sft", "r2"), "deposits"]), "no deposits"
+    assert budgets.loc[("outcome", "r1"), "bits"] == 64, "an RL cell's bits are its deposits, one each"
+    rows = capacity_table(cells, equivalence_table(cells, margin=0.05).frame).markdown.splitlines()[2:]
+    assert rows[1].startswith("| sft | – | 60 | r1 40, r2 80, full 2,000 | r2 |"), rows
+
+
+def test_an_sft_control_cell_whose_world_is_gone_is_left_out_not_counted_as_zero(tmp_path):
+    with_control(write_cell(tmp_path, "sft", 1, 0, 5), 1, tmp_path / "world", bits=60)
+    (tmp_path / "world" / "manifest.json").unlink()
+    assert arm_budgets(load_cells(tmp_path)).empty
+
+
 def test_cells_that_recorded_no_deposits_are_named_as_such_not_counted_as_zero(tmp_path):
     write_cell(tmp_path, "outcome", 1, 0, 5)
     write_cell(tmp_path, "outcome", None, 0, 5)

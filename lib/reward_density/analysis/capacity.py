@@ -5,13 +5,19 @@ per deposit, so O(1), O(S) or O(N) bits per episode, and a trained network store
 (Allen-Zhu and Li, 2024, "Physics of Language Models: Part 3.3"), so a denser reward should need more trained
 parameters: a higher rank. Here that arithmetic is done on the cells that ran: the deposits each arm received over
 its training (its completions times the deposits per completion its steps recorded) against the bits its trained
-parameters hold, and the smallest rank the argument says holds them, beside the rank the verdicts need.
+parameters hold, and the smallest rank the argument says holds them, beside the rank the verdicts need. The SFT
+control has no deposits: what its arms must hold is its table's information, which its world's manifest records.
 """
 from __future__ import annotations
+
+import math
+from pathlib import Path
 
 import pandas as pd
 
 from ..experiment import cell_folder
+from ..experiment.config import SFT
+from ..world.build import read_manifest
 from .load import Cells, regimes
 from .rank_needed import needed_ranks
 from .tables import Table, markdown_table
@@ -19,7 +25,7 @@ from .tables import Table, markdown_table
 BITS_PER_DEPOSIT = 1.0  # the hypothesis' own proxy: one bit per reward deposit
 BITS_PER_PARAMETER = 2.0  # a trained network's storage, Allen-Zhu and Li (2024)
 DEPOSITS = "deposits_mean"  # a step's deposits per completion (grpo/step.py's metrics)
-COLUMNS = ["regime", "arm", "rank", "cells", "deposits_per_completion", "deposits", "trained_parameters",
+COLUMNS = ["regime", "arm", "rank", "cells", "deposits_per_completion", "deposits", "bits", "trained_parameters",
            "capacity_bits", "holds"]
 
 
@@ -28,32 +34,53 @@ def _completions_per_step(params: dict) -> int:
     return int(params["prompts_per_step"]) * int(params["group_size"])
 
 
+def control_bits(params: dict) -> float | None:
+    """The SFT control table's information (world/control.py), from the manifest of the world whose control folder
+    the cell read; None where that manifest is gone or unreadable."""
+    if not params.get("control"):
+        return None
+    try:
+        manifest = read_manifest(Path(params["control"]).parent)
+    except ValueError:
+        return None
+    return manifest.get("components", {}).get("control", {}).get("bits")
+
+
+def _received(regime: str, steps: pd.DataFrame, params: dict) -> dict | None:
+    """What one cell had to store: its deposits (at one bit each) for an RL regime, its table's bits for the SFT
+    control; None where the cell did not record them."""
+    if regime == SFT:
+        bits = control_bits(params)
+        return None if bits is None else {"deposits_per_completion": math.nan, "deposits": math.nan, "bits": bits}
+    recorded = steps[DEPOSITS].dropna() if DEPOSITS in steps else pd.Series(dtype=float)
+    if recorded.empty:
+        return None
+    deposits = recorded.sum() * _completions_per_step(params)
+    return {"deposits_per_completion": recorded.mean(), "deposits": deposits, "bits": deposits * BITS_PER_DEPOSIT}
+
+
 def arm_budgets(cells: Cells) -> pd.DataFrame:
-    """Per regime and arm whose cells recorded both: the deposits one cell received over its training (mean over
-    seeds), its trained parameters, the bits they hold, and whether those bits hold the deposits."""
-    if DEPOSITS not in cells.history:
-        return pd.DataFrame(columns=COLUMNS)
-    history = cells.history.dropna(subset=[DEPOSITS])
+    """Per regime and arm whose cells recorded both: what one cell had to store over its training (mean over seeds;
+    _received), its trained parameters, the bits they hold, and whether those bits hold what it received."""
     rows = []
-    for name, steps in history.groupby("cell"):
-        params = cells.params.get(name, {})
+    for cell in cells.summaries.itertuples():
+        params = cells.params.get(cell.cell, {})
         trained = params.get(cell_folder.DERIVED, {}).get(cell_folder.TRAINED_PARAMETERS)
-        if trained is None:
+        received = _received(cell.regime, cells.history[cells.history["cell"] == cell.cell], params)
+        if trained is None or received is None:
             continue
-        first = steps.iloc[0]
-        rows.append({"regime": first["regime"], "arm": first["arm"], "rank": first["rank"],
-                     "deposits_per_completion": steps[DEPOSITS].mean(),
-                     "deposits": steps[DEPOSITS].sum() * _completions_per_step(params),
+        rows.append({"regime": cell.regime, "arm": cell.arm, "rank": cell.rank, **received,
                      "trained_parameters": int(trained)})
     if not rows:
         return pd.DataFrame(columns=COLUMNS)
     per_cell = pd.DataFrame(rows)
     frame = per_cell.groupby(["regime", "arm"], sort=False).agg(
         rank=("rank", "first"), cells=("arm", "size"), deposits_per_completion=("deposits_per_completion", "mean"),
-        deposits=("deposits", "mean"), trained_parameters=("trained_parameters", "first")).reset_index()
+        deposits=("deposits", "mean"), bits=("bits", "mean"),
+        trained_parameters=("trained_parameters", "first")).reset_index()
     frame = frame.sort_values("rank", na_position="last", kind="stable")  # LoRA ranks ascending, then FullFT
     frame["capacity_bits"] = frame["trained_parameters"] * BITS_PER_PARAMETER
-    frame["holds"] = frame["capacity_bits"] >= frame["deposits"] * BITS_PER_DEPOSIT
+    frame["holds"] = frame["capacity_bits"] >= frame["bits"]
     return frame[COLUMNS].reset_index(drop=True)
 
 
@@ -76,16 +103,16 @@ def capacity_table(cells: Cells, equivalence: pd.DataFrame) -> Table:
     budgets = arm_budgets(cells)
     if budgets.empty:
         return Table(budgets, "No cell recorded its deposits and trained parameters (cells from before they were "
-                              "recorded, or the SFT control alone, which has no deposits).\n")
+                              "recorded, or SFT control cells whose world's manifest.json is gone).\n")
     needed = {n.regime: n.describe() for n in needed_ranks(equivalence)}
     lines = []
     for regime in [r for r in regimes(cells) if r in set(budgets["regime"])]:  # sparsest reward first
         rows = budgets[budgets["regime"] == regime]
-        received = rows["deposits"].mean()
+        per_completion = rows["deposits_per_completion"].mean()
         capacity = ", ".join(f"{arm} {bits:,.0f}" for arm, bits in zip(rows["arm"], rows["capacity_bits"]))
-        lines.append([regime, f"{rows['deposits_per_completion'].mean():.1f}", f"{received:,.0f}", capacity,
-                      predicted_rank(rows), needed.get(regime, "–")])
-    header = ["regime", "deposits per completion", "deposits per cell (bits, at one a deposit)",
+        lines.append([regime, "–" if pd.isna(per_completion) else f"{per_completion:.1f}",
+                      f"{rows['bits'].mean():,.0f}", capacity, predicted_rank(rows), needed.get(regime, "–")])
+    header = ["regime", "deposits per completion", "bits a cell received (one a deposit; the SFT control: its table's)",
               "bits the arm's parameters hold", "rank the bits argument predicts", "rank the verdicts need"]
     return Table(budgets, markdown_table(header, lines))
 

@@ -140,7 +140,8 @@ CAPACITY = ("The arithmetic behind the question (capacity.py): a reward carries 
             f"trained network holds about {BITS_PER_PARAMETER:g} bits per parameter, so an arm whose parameters hold "
             "fewer bits than its cells received should fall behind. Per regime, the deposits a cell received over its "
             "training (completions x deposits per completion, mean over its arms and seeds), the bits each arm's "
-            "trained parameters hold, and the smallest rank that holds them, beside the rank the verdicts above need.")
+            "trained parameters hold, and the smallest rank that holds them, beside the rank the verdicts above need. "
+            "The SFT control's arms must hold its table of facts instead: its information in bits (world/control.py).")
 
 
 def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: float = 0.95,
