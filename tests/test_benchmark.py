@@ -74,7 +74,20 @@ def test_the_flop_count_takes_the_cpu_attention_at_its_products_and_its_gradient
         f"the scores recomputed, then the gradients of values, probabilities, queries and keys: {backward}")
 
 
+def test_the_benchmark_times_a_worlds_student_on_its_training_prompts_when_given_them(smoke_project, tmp_path):
+    world = smoke_project / "outputs" / "smoke" / "world"
+    report = main(["--steps", "1", "--warmup", "0", "--max-new-tokens", "4", "--ranks", "1,full",
+                   "--student", str(world / "student"), "--problems", str(world / "problems")])
+    model = report["model"]
+    assert model["timed"] == str(world / "student") and model["prompts"] == f"{world / 'problems'}/train.jsonl"
+    assert (model["hidden"], model["layers"]) == (32, 1), f"the smoke student's shape, not --hidden's: {model}"
+    assert 1 <= report["stacked_sampling_ms_per_decoding_step"]["completion_tokens_mean"] <= 4
+    assert report["ours_over_trl"] > 0 and set(report["cpu_seconds_per_step"]["TRL"]) == {"LoRA r=1", "FullFT"}
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--student", "."], "--student and --problems go together"),
+    (["--student", "no/such/folder", "--problems", "."], "--student no/such/folder: no config.json there"),
     (["--ranks", "1,0"], "each rank is a positive integer or 'full', got '0'"),
     (["--ranks", "4,lora"], "got 'lora'"),
     (["--ranks", "1,full,01"], "rank '01' is given twice"),

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from reward_density.analysis.speed import speed_markdown
+from reward_density.data.problems import Problem, write_problems
 from reward_density.experiment.profiles import COMPARISONS, REPO_ROOT, cell_config, load_profile
 from reward_density.experiment.provenance import (
     code_fingerprint,
@@ -34,7 +35,7 @@ from reward_density.run.local import gpu_slots, run_matrix
 from reward_density.run.lock import FolderInUse, exclusive, reading, replacing
 from reward_density.run.matrix import StaleCells, cpu_count, select_cells
 from reward_density.run.notebooks import NotebookFailed
-from reward_density.run.stages import run_stage, stage_benchmark
+from reward_density.run.stages import benchmark_workload, run_stage, stage_benchmark
 from reward_density.world.build import BUILD_PARAMETERS, component_keys, config_from_parameters
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -565,15 +566,25 @@ def test_the_benchmark_stage_is_opt_in_and_writes_where_the_analysis_reads(root)
     assert "benchmark" not in stages, "the study's default runs no benchmark"
     named = _parser().parse_args(["--profile", "tiny", "--stages", "analysis,benchmark"]).stages
     assert named == ["benchmark", "analysis"], "the benchmark runs before the analysis that reports it"
-    stage_benchmark(profile_of(root), root, ("--steps", "1", "--warmup", "0", "--max-new-tokens", "4", "--hidden", "16",
-                                             "--layers", "1", "--ranks", "1,full"))
+    world = root / "outputs" / "smoke" / "world"
+    write_problems(world / "problems" / "train.jsonl", [Problem(f"p{i}", f"{i}+1=", str(i + 1)) for i in range(4)])
+    stage_benchmark(profile_of(root), root, ("--steps", "1", "--warmup", "0", "--max-new-tokens", "4", "--ranks",
+                                             "1,full"))
     outputs = root / "outputs" / "tiny"
     written = read_json(outputs / "benchmark.json")
-    assert written["config"]["hidden"] == 16 and written["environment"]["commit"], "config and commit are recorded"
+    assert written["model"]["timed"] == str(world / "student"), "the study's own student, not a random stand-in"
+    assert written["config"]["max_new_tokens"] == 4 and written["environment"]["commit"], "config and commit recorded"
     assert f"**{written['ours_over_trl']:.2f}x**" in speed_markdown(outputs)
     (outputs / "benchmark.json").write_text('{"config": ')
     with pytest.raises(ValueError, match=r"benchmark\.json is not valid JSON"):
         speed_markdown(outputs)
+
+
+def test_the_benchmark_stage_times_a_random_stand_in_where_the_study_has_no_built_student_saying_so(root, capsys):
+    assert benchmark_workload(profile_of(root), root)[::2] == ("--student", "--problems")
+    (root / "outputs" / "smoke" / "world" / "student" / "config.json").unlink()
+    assert benchmark_workload(profile_of(root), root) == ()
+    assert "not a built model folder" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("stages, said", [("cells,fo", "unknown stage(s) ['fo']"), (" , ", "no stage given")])

@@ -19,9 +19,9 @@ def speed_markdown(out_dir: str | Path) -> str:
     env, config = bench["environment"], bench["config"]
     rows = "\n".join(f"| {name} | {value:.1f} |" for name, value in bench["samples_per_cpu_second"].items())
     lines = [
-        f"One GRPO step of the mini study's shape (P={config['prompts']} x G={config['generations']}, "
-        f"{config['max_new_tokens']} new tokens, hidden {config['hidden']} x {config['layers']} layers, beta "
-        f"{config['beta']:g}) for every arm, median of {config['steps']} steps after {config['warmup']} warm-up, "
+        f"One GRPO step of the mini study's settings (P={config['prompts']} x G={config['generations']}, "
+        f"{config['max_new_tokens']} new tokens, beta {config['beta']:g}) {_workload(bench)} for every arm, median "
+        f"of {config['steps']} steps after {config['warmup']} warm-up, "
         f"{env['torch_threads']} thread(s) on {env['cpu']} (torch {env['torch']}, transformers "
         f"{env['transformers']}, trl {env['trl']}; commit {str(env.get('commit'))[:12]}"
         f"{_uncommitted(env)}).",
@@ -43,6 +43,17 @@ def speed_markdown(out_dir: str | Path) -> str:
     if floor:
         lines += [f"Against its compute floor: {floor_split(floor)}.", ""]
     return "\n".join(lines)
+
+
+def _workload(bench: dict[str, Any]) -> str:
+    """'on <model> (hidden x layers) and <prompts>, completions of N tokens on average' as far as recorded."""
+    model = bench.get("model")  # recorded since the benchmark can time a world's student
+    if model is None:
+        config = bench["config"]
+        return f"on a random Qwen3 of hidden {config['hidden']} x {config['layers']} layers"
+    tokens = bench["stacked_sampling_ms_per_decoding_step"]["completion_tokens_mean"]
+    return (f"on {model['timed']} (hidden {model['hidden']} x {model['layers']} layers) and {model['prompts']}, "
+            f"its completions {tokens:.1f} tokens long on average")
 
 
 def _uncommitted(env: dict[str, Any]) -> str:

@@ -13,6 +13,8 @@ from pathlib import Path
 from .answer_check import AnswerChecker
 from .problems import Problem, read_problems
 
+TRAIN_FILE = "train.jsonl"  # in a mini-world problems folder: the problems training prompts are drawn from
+
 
 def training_problems(
     problems: str, prompt_template: str | None, subsets: Sequence[str] | None, checker: AnswerChecker,
@@ -20,7 +22,7 @@ def training_problems(
 ) -> list[Problem]:
     """The problems training prompts are drawn from."""
     if prompt_template is None:
-        return read_problems(Path(problems) / "train.jsonl")
+        return read_problems(Path(problems) / TRAIN_FILE)
     return _math_problems(problems, "train", prompt_template, subsets, checker, log)
 
 

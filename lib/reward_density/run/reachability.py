@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from ..data.problem_sets import TRAIN_FILE
+
 MODELS = ("student", "teacher", "prm")
 DATASETS = ("problems", "heldout")
 HUB_PROBE_SECONDS = 10
@@ -34,7 +36,7 @@ def _model_problem(key: str, source: str) -> str | None:
 
 def _dataset_problem(key: str, source: str, data: dict[str, Any]) -> str | None:
     if "prompt_template" not in data:  # the mini world's own folder of jsonl files
-        needed = Path(source) / ("train.jsonl" if key == "problems" else "")
+        needed = Path(source) / (TRAIN_FILE if key == "problems" else "")
         return None if needed.exists() else f"world.{key} = {source!r}: {needed} does not exist"
     path = Path(source).expanduser()
     if path.is_file():

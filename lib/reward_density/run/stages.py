@@ -15,6 +15,7 @@ from typing import Any
 import submitit
 
 from ..analysis.speed import BENCHMARK_FILE
+from ..data.problem_sets import TRAIN_FILE
 from ..experiment import kl_bound
 from ..experiment.baseline import base_configs, base_eval_key
 from ..experiment.profiles import STUDY_SETTINGS, Profile, resolve_world_entry
@@ -161,12 +162,26 @@ def stage_cells(
 
 
 def stage_benchmark(profile: Profile, root: Path, options: tuple[str, ...] = ()) -> None:
-    """Our GRPO step against TRL's GRPOTrainer (tools/benchmark.py, the mini study's shape unless options say
-    otherwise) in a process of its own, into the study's outputs folder, where the analysis reports it."""
+    """Our GRPO step against TRL's GRPOTrainer (tools/benchmark.py, the mini study's settings unless options say
+    otherwise) on the study's own student and training prompts, in a process of its own, into the study's outputs
+    folder, where the analysis reports it."""
     out = profile.outputs_dir(root) / BENCHMARK_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"benchmark: python -m reward_density.tools.benchmark -> {out}", file=sys.stderr)
-    subprocess.run([sys.executable, "-m", "reward_density.tools.benchmark", *options, "--out", str(out)], check=True)
+    with reading_world(profile, root):  # no other run rebuilds the student meanwhile
+        subprocess.run([sys.executable, "-m", "reward_density.tools.benchmark", *benchmark_workload(profile, root),
+                        *options, "--out", str(out)], check=True)
+
+
+def benchmark_workload(profile: Profile, root: Path) -> tuple[str, ...]:
+    """The benchmark's --student and --problems: the profile's own, where they are a built model folder and a
+    mini-world problems folder; else none, and the benchmark times a random Qwen3 of the mini student's shape."""
+    student, problems = (Path(resolve_world_entry(profile.world[key], root)) for key in ("student", "problems"))
+    if (student / "config.json").is_file() and (problems / TRAIN_FILE).is_file():
+        return "--student", str(student), "--problems", str(problems)
+    print(f"benchmark: {student} is not a built model folder or {problems} holds no {TRAIN_FILE}; timing a random "
+          "Qwen3 of the mini student's shape instead", file=sys.stderr)
+    return ()
 
 
 def stage_analysis(profile: Profile, root: Path) -> None:

@@ -2,7 +2,9 @@
 
 The mini study trains six arms per regime and seed (LoRA ranks 1-16 and FullFT). TRL trains one arm per
 trainer; our stacked engine (grpo/stacked.py) trains the six in one batched pass, and our peft engine one
-at a time like TRL. Each is timed on the same random Qwen3 of the mini student's shape, with the same
+at a time like TRL. Each is timed on the same model and prompts: a random Qwen3 of the mini student's shape on
+addition prompts, or, given --student and --problems, a built world's student on its training problems (the
+study's own workload, whose completions are far shorter than a random model's); with the same
 settings (P x G prompts and samples, the completion cap, temperature, top-p, KL beta; TRL's `bnpo` loss
 = our token mean; gradient checkpointing off), one CPU thread, in CPU-seconds (`time.process_time`),
 median over the timed steps after a warmup. A sample is one completion generated and trained on.
@@ -11,7 +13,7 @@ operations and what runs outside ATen (Python), under torch.profiler: where a fa
 And it sets the stacked step against its compute floor: the FLOPs of its products and attention, counted, at
 the fp32 product rate one thread reaches on a large product.
 
-    python -m reward_density.tools.benchmark [--steps N] ... [--out FILE.json]
+    python -m reward_density.tools.benchmark [--steps N] ... [--student DIR --problems DIR] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -40,8 +42,9 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from transformers import PreTrainedTokenizerBase, PrinterCallback
 
 from ..analysis.speed import floor_split, phase_split, sampling_split
-from ..data.problems import Problem
-from ..data.sources import load_causal_lm, load_tokenizer
+from ..data.problem_sets import TRAIN_FILE
+from ..data.problems import Problem, read_problems
+from ..data.sources import load_causal_lm, load_config, load_tokenizer
 from ..grpo.deposits import Deposits
 from ..grpo.loss import LossConfig
 from ..grpo.policy import Policy, PolicyConfig
@@ -82,8 +85,16 @@ class BenchConfig:
     lora_alpha: float = 32.0
     max_grad_norm: float = 1.0
     seed: int = 0
+    student: str | None = None  # a save_pretrained folder timed instead of the random Qwen3 (hidden, layers unused)
+    problems: str | None = None  # a world's problems folder: prompts drawn from its train.jsonl (with student)
 
     def __post_init__(self) -> None:
+        if (self.student is None) != (self.problems is None):
+            raise ValueError("--student and --problems go together: a world's student and its problems folder")
+        if self.student is not None and not (Path(self.student) / "config.json").is_file():
+            raise ValueError(f"--student {self.student}: no config.json there (a save_pretrained model folder)")
+        if self.problems is not None and not (Path(self.problems) / TRAIN_FILE).is_file():
+            raise ValueError(f"--problems {self.problems}: no {TRAIN_FILE} there (a world's problems folder)")
         if self.steps < 1 or self.warmup < 0:
             raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={self.steps}, warmup={self.warmup}")
         if not self.ranks:
@@ -109,10 +120,17 @@ def arm_name(rank: int | None) -> str:
     return "FullFT" if rank is None else f"LoRA r={rank}"
 
 
-def problem_set(count: int, seed: int) -> list[Problem]:
-    """count addition problems drawn with a fixed seed."""
-    rng = random.Random(seed)
-    pairs = [(rng.randint(0, 99), rng.randint(0, 99)) for _ in range(count)]
+def problem_set(config: BenchConfig) -> list[Problem]:
+    """The prompts of every timed step: config.prompts training problems of the world's, or addition problems,
+    drawn with the config's seed."""
+    rng = random.Random(config.seed)
+    if config.problems is not None:
+        problems = read_problems(Path(config.problems) / TRAIN_FILE)
+        if len(problems) < config.prompts:
+            raise ValueError(f"{config.problems}/{TRAIN_FILE} holds {len(problems)} problems, fewer than the "
+                             f"{config.prompts} prompts a step needs")
+        return rng.sample(problems, config.prompts)
+    pairs = [(rng.randint(0, 99), rng.randint(0, 99)) for _ in range(config.prompts)]
     return [Problem(f"p{i}", f"Problem: {a} + {b} = ?\n", str(a + b)) for i, (a, b) in enumerate(pairs)]
 
 
@@ -144,7 +162,7 @@ def random_reward_func(seed: int) -> Callable[..., list[float]]:
 
 def _step_inputs(config: BenchConfig) -> tuple[list[Problem], RandomOutcomeReward, StepConfig]:
     """The problems, reward and step settings every timed step of our engines uses."""
-    return problem_set(config.prompts, config.seed), RandomOutcomeReward(config.seed), config.step_config()
+    return problem_set(config), RandomOutcomeReward(config.seed), config.step_config()
 
 
 def _cpu_seconds(step: Callable[[int], object], config: BenchConfig) -> list[float]:
@@ -204,8 +222,9 @@ def profile_sampling(model_dir: Path, config: BenchConfig) -> dict[str, Any]:
 
     sample()  # warm-up: the first call allocates what later ones reuse
     start = time.process_time()
-    steps = sample().completion_ids.shape[1]
+    rollout = sample()
     cpu_seconds = time.process_time() - start
+    steps = rollout.completion_ids.shape[1]
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
         start = time.perf_counter()
         sample()
@@ -213,7 +232,8 @@ def profile_sampling(model_dir: Path, config: BenchConfig) -> dict[str, Any]:
     kinds, other = aten_ms_by_kind(profiler.key_averages())
     per_step = {name: ms / steps for name, ms in kinds.items()}
     profiled_ms = 1e3 * profiled_seconds / steps
-    return {"decoding_steps": steps, "cpu_ms": 1e3 * cpu_seconds / steps, "profiled_ms": profiled_ms,
+    return {"decoding_steps": steps, "completion_tokens_mean": rollout.completion_mask.sum(-1).float().mean().item(),
+            "cpu_ms": 1e3 * cpu_seconds / steps, "profiled_ms": profiled_ms,
             **per_step, "outside_aten_ms": profiled_ms - sum(per_step.values()),
             "top_other_ops_ms": {name: ms / steps for name, ms in other.items()}}
 
@@ -321,7 +341,7 @@ def time_trl(model_dir: Path, config: BenchConfig, rank: int | None, workdir: Pa
         save_strategy="no",
         disable_tqdm=True,
     )
-    prompts = [p.prompt for p in problem_set(config.prompts, config.seed)] * (config.warmup + config.steps)
+    prompts = [p.prompt for p in problem_set(config)] * (config.warmup + config.steps)
     lora = None if rank is None else LoraConfig(r=rank, lora_alpha=config.lora_alpha, target_modules="all-linear")
     trainer = trl.GRPOTrainer(
         model=str(model_dir),
@@ -350,11 +370,22 @@ def one_thread() -> Iterator[None]:
 
 
 def build_model(config: BenchConfig, workdir: Path) -> Path:
-    """The random Qwen3 of the benchmark's shape and its tokenizer, saved in workdir/model."""
+    """The model timed: config.student, or the random Qwen3 of the benchmark's shape and its tokenizer, saved in
+    workdir/model."""
+    if config.student is not None:
+        return Path(config.student)
     model = workdir / "model"
     tokenizer = build_tokenizer(model)
     build_qwen3(len(tokenizer), seed=config.seed, hidden=config.hidden, layers=config.layers).save_pretrained(model)
     return model
+
+
+def describe_model(model_dir: Path, config: BenchConfig) -> dict[str, Any]:
+    """What was timed: the student given (its folder) or the random stand-in, its shape and its prompts."""
+    model = load_config(model_dir)
+    return {"timed": config.student or "a random Qwen3 (tools/stand_ins.py)", "hidden": model.hidden_size,
+            "layers": model.num_hidden_layers,
+            "prompts": f"{config.problems}/{TRAIN_FILE}" if config.problems else "addition problems"}
 
 
 def run_benchmark(config: BenchConfig, workdir: Path) -> dict:
@@ -379,6 +410,7 @@ def _run(config: BenchConfig, workdir: Path) -> dict:
                   "TRL GRPOTrainer (one arm at a time)": samples / sum(trl_seconds.values())}
     return {
         "config": dataclasses.asdict(config),
+        "model": describe_model(model, config),
         "environment": environment(),
         "cpu_seconds_per_step": {"ours (stacked, all arms)": stacked, "ours (stacked, all arms, beta 0)": kl_free,
                                  "ours (peft)": single, "TRL": trl_seconds},
@@ -423,6 +455,10 @@ def bench_parser(description: str) -> argparse.ArgumentParser:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     parser.add_argument("--ranks", type=parse_ranks, default=defaults.ranks,
                         help="comma-separated LoRA ranks, 'full' for FullFT (default: the mini study's arms)")
+    parser.add_argument("--student", default=None, help="time this model folder (a world's student) instead of a "
+                                                        "random Qwen3 of --hidden x --layers; needs --problems")
+    parser.add_argument("--problems", default=None, help="its world's problems folder: the prompts are drawn from "
+                                                         f"its {TRAIN_FILE}")
     parser.add_argument("--out", type=Path, default=None, help="write the report to this JSON file")
     return parser
 
@@ -431,7 +467,8 @@ def parse_bench(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> 
     """The BenchConfig from a bench_parser's command line, and every parsed argument; a usage error on bad sizes."""
     args = vars(parser.parse_args(argv))
     try:
-        return dataclasses.replace(BenchConfig(), **{name: args[name] for name in (*CLI_FIELDS, "ranks")}), args
+        fields = (*CLI_FIELDS, "ranks", "student", "problems")
+        return dataclasses.replace(BenchConfig(), **{name: args[name] for name in fields}), args
     except ValueError as error:
         parser.error(str(error))
 
@@ -448,9 +485,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     quiet()
     with tempfile.TemporaryDirectory() as workdir:
         report = run_benchmark(config, Path(workdir))
+    model = report["model"]
     print(f"{report['environment']}\nmedian of {config.steps} steps after {config.warmup} warmup, P={config.prompts} "
-          f"G={config.generations} T={config.max_new_tokens} hidden={config.hidden} layers={config.layers}, "
-          f"arms {', '.join(arm_name(r) for r in config.ranks)}")
+          f"G={config.generations} T={config.max_new_tokens}, {model['timed']} (hidden {model['hidden']} x "
+          f"{model['layers']} layers) on {model['prompts']}, arms {', '.join(arm_name(r) for r in config.ranks)}")
     print(format_table(report))
     write_report(report, out)
     return report
