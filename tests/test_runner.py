@@ -572,7 +572,7 @@ def test_the_benchmark_stage_is_opt_in_and_writes_where_the_analysis_reads(root)
                                              "1,full"))
     outputs = root / "outputs" / "tiny"
     written = read_json(outputs / "benchmark.json")
-    assert written["model"]["timed"] == str(world / "student"), "the study's own student, not a random stand-in"
+    assert written["model"]["timed"] == "outputs/smoke/world/student", "the study's own student, named from root"
     assert written["config"]["max_new_tokens"] == 4 and written["environment"]["commit"], "config and commit recorded"
     assert f"**{written['ours_over_trl']:.2f}x**" in speed_markdown(outputs)
     (outputs / "benchmark.json").write_text('{"config": ')

@@ -170,18 +170,24 @@ def stage_benchmark(profile: Profile, root: Path, options: tuple[str, ...] = ())
     print(f"benchmark: python -m reward_density.tools.benchmark -> {out}", file=sys.stderr)
     with reading_world(profile, root):  # no other run rebuilds the student meanwhile
         subprocess.run([sys.executable, "-m", "reward_density.tools.benchmark", *benchmark_workload(profile, root),
-                        *options, "--out", str(out)], check=True)
+                        *options, "--out", str(out)], check=True, cwd=root)
 
 
 def benchmark_workload(profile: Profile, root: Path) -> tuple[str, ...]:
-    """The benchmark's --student and --problems: the profile's own, where they are a built model folder and a
-    mini-world problems folder; else none, and the benchmark times a random Qwen3 of the mini student's shape."""
+    """The benchmark's --student and --problems, relative to root where they lie under it (as the report names
+    them): the profile's own, where they are a built model folder and a mini-world problems folder; else none, and
+    the benchmark times a random Qwen3 of the mini student's shape."""
     student, problems = (Path(resolve_world_entry(profile.world[key], root)) for key in ("student", "problems"))
     if (student / "config.json").is_file() and (problems / TRAIN_FILE).is_file():
-        return "--student", str(student), "--problems", str(problems)
+        return "--student", _under(student, root), "--problems", _under(problems, root)
     print(f"benchmark: {student} is not a built model folder or {problems} holds no {TRAIN_FILE}; timing a random "
           "Qwen3 of the mini student's shape instead", file=sys.stderr)
     return ()
+
+
+def _under(path: Path, root: Path) -> str:
+    """path relative to root where it lies under it, else as it is."""
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
 def stage_analysis(profile: Profile, root: Path) -> None:
