@@ -9,7 +9,7 @@ from matplotlib.colors import to_hex
 
 from reward_density.analysis.load import DamagedCell, arms, load_cells, regimes
 from reward_density.analysis.plots import FIGURES, VERDICT_COLORS, plot_equivalence
-from reward_density.analysis.report import matrix_counts, seeds_phrase, write_report
+from reward_density.analysis.report import completion_tokens, matrix_counts, seeds_phrase, write_report
 from reward_density.analysis.stopping import answers_at_chosen_steps, chosen_steps, chosen_table
 from reward_density.analysis.tables import (
     WORLDS,
@@ -112,6 +112,16 @@ def test_a_damaged_finished_cell_is_named_not_read(tmp_path, damage, expected):
         load_cells(tmp_path)
     assert "outcome-r1-s0" in str(error.value) and "run the cells stage again" in str(error.value), \
         "the message should name the damaged cell and how to recompute it"
+
+
+def test_the_studys_completion_length_is_its_rl_steps_mean_and_none_where_no_step_recorded_one(tmp_path):
+    for seed, length in ((0, 10.0), (1, 20.0)):
+        history = write_cell(tmp_path, "outcome", 1, seed, 5) / "history.csv"
+        pd.read_csv(history).assign(len_mean=length).to_csv(history, index=False)
+    write_cell(tmp_path, "sft", 1, 0, 5)  # a control cell: no completions sampled, no len_mean
+    assert completion_tokens(load_cells(tmp_path)) == 15.0, "the mean over the RL cells' steps"
+    write_cell(tmp_path / "control_only", "sft", 1, 0, 5)
+    assert completion_tokens(load_cells(tmp_path / "control_only")) is None
 
 
 def test_no_finished_cell_is_a_clear_error(tmp_path):

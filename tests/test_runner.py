@@ -575,6 +575,7 @@ def test_the_benchmark_stage_is_opt_in_and_writes_where_the_analysis_reads(root)
     assert written["model"]["timed"] == "outputs/smoke/world/student", "the study's own student, named from root"
     assert written["config"]["max_new_tokens"] == 4 and written["environment"]["commit"], "config and commit recorded"
     assert f"**{written['ours_over_trl']:.2f}x**" in speed_markdown(outputs)
+    assert "tokens long on average, against 31.7 over the study's training" in speed_markdown(outputs, 31.7)
     (outputs / "benchmark.json").write_text('{"config": ')
     with pytest.raises(ValueError, match=r"benchmark\.json is not valid JSON"):
         speed_markdown(outputs)

@@ -165,7 +165,7 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
     report = out / "report.md"
     report.write_text("\n".join([*_header(cells, profile_name, planned),
                                  *_comparison_sections(tables, margin, confidence),
-                                 *_dynamics_sections(tables, out, confidence)]))
+                                 *_dynamics_sections(tables, out, confidence, completion_tokens(cells))]))
     return report
 
 
@@ -248,7 +248,14 @@ def _comparison_sections(tables: dict[str, Table], margin: float, confidence: fl
     ]
 
 
-def _dynamics_sections(tables: dict[str, Table], out: Path, confidence: float) -> list[str]:
+def completion_tokens(cells: Cells) -> float | None:
+    """The RL cells' mean completion length over their training steps (history.csv's len_mean); None without one."""
+    lengths = cells.history["len_mean"].dropna() if "len_mean" in cells.history else None
+    return None if lengths is None or lengths.empty else float(lengths.mean())
+
+
+def _dynamics_sections(tables: dict[str, Table], out: Path, confidence: float,
+                       study_tokens: float | None) -> list[str]:
     """Plateau, collapse, KL to the reference, speed and the figures."""
     return [
         "## Plateau",
@@ -274,7 +281,7 @@ def _dynamics_sections(tables: dict[str, Table], out: Path, confidence: float) -
         tables["kl"].markdown,
         "## Speed against TRL",
         "",
-        speed_markdown(out),
+        speed_markdown(out, study_tokens),
         "## Figures",
         "",
         *[f"![{name}](figures/{name}.png)" for name in (EQUIVALENCE_FIGURE, RANK_NEEDED_FIGURE, *FIGURES)],

@@ -9,8 +9,9 @@ from ..experiment.provenance import read_json
 BENCHMARK_FILE = "benchmark.json"  # written into a study's outputs folder by `--stages benchmark`
 
 
-def speed_markdown(out_dir: str | Path) -> str:
-    """The benchmark's samples per CPU-second and ratio as markdown, or how to measure them when not measured."""
+def speed_markdown(out_dir: str | Path, study_tokens: float | None = None) -> str:
+    """The benchmark's samples per CPU-second and ratio as markdown, or how to measure them when not measured.
+    study_tokens: the study's own mean completion length over training, set beside the benchmark's."""
     path = Path(out_dir) / BENCHMARK_FILE
     if not path.is_file():
         return (f"Not measured for this study: `./run_all.sh --stages benchmark,analysis` writes `{BENCHMARK_FILE}` "
@@ -19,8 +20,8 @@ def speed_markdown(out_dir: str | Path) -> str:
     env, config = bench["environment"], bench["config"]
     rows = "\n".join(f"| {name} | {value:.1f} |" for name, value in bench["samples_per_cpu_second"].items())
     lines = [
-        f"One GRPO step of the mini study's settings (P={config['prompts']} x G={config['generations']}, "
-        f"{config['max_new_tokens']} new tokens, beta {config['beta']:g}) {_workload(bench)} for every arm, median "
+        f"One GRPO step of every arm at the mini study's settings (P={config['prompts']} x G={config['generations']}, "
+        f"{config['max_new_tokens']} new tokens, beta {config['beta']:g}) {_workload(bench, study_tokens)}. Median "
         f"of {config['steps']} steps after {config['warmup']} warm-up, "
         f"{env['torch_threads']} thread(s) on {env['cpu']} (torch {env['torch']}, transformers "
         f"{env['transformers']}, trl {env['trl']}; commit {str(env.get('commit'))[:12]}"
@@ -45,15 +46,17 @@ def speed_markdown(out_dir: str | Path) -> str:
     return "\n".join(lines)
 
 
-def _workload(bench: dict[str, Any]) -> str:
-    """'on <model> (hidden x layers) and <prompts>, completions of N tokens on average' as far as recorded."""
+def _workload(bench: dict[str, Any], study_tokens: float | None) -> str:
+    """'on <model> (hidden x layers), prompts from <prompts>: completions N tokens long on average, against the
+    study's M', as far as recorded."""
     model = bench.get("model")  # recorded since the benchmark can time a world's student
     if model is None:
         config = bench["config"]
         return f"on a random Qwen3 of hidden {config['hidden']} x {config['layers']} layers"
     tokens = bench["stacked_sampling_ms_per_decoding_step"]["completion_tokens_mean"]
-    return (f"on {model['timed']} (hidden {model['hidden']} x {model['layers']} layers) and {model['prompts']}, "
-            f"its completions {tokens:.1f} tokens long on average")
+    study = "" if study_tokens is None else f", against {study_tokens:.1f} over the study's training (`len_mean`)"
+    return (f"on {model['timed']} (hidden {model['hidden']} x {model['layers']} layers), prompts from "
+            f"{model['prompts']}: completions {tokens:.1f} tokens long on average{study}")
 
 
 def _uncommitted(env: dict[str, Any]) -> str:
