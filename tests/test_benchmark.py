@@ -74,7 +74,7 @@ def test_the_flop_count_takes_the_cpu_attention_at_its_products_and_its_gradient
         f"the scores recomputed, then the gradients of values, probabilities, queries and keys: {backward}")
 
 
-def test_the_benchmark_times_a_worlds_student_on_its_training_prompts_when_given_them(smoke_project, tmp_path):
+def test_the_benchmark_times_a_worlds_student_on_its_training_prompts_when_given_them(smoke_project):
     world = smoke_project / "outputs" / "smoke" / "world"
     report = main(["--steps", "1", "--warmup", "0", "--max-new-tokens", "4", "--ranks", "1,full",
                    "--student", str(world / "student"), "--problems", str(world / "problems")])
