@@ -62,11 +62,12 @@ def _received(regime: str, steps: pd.DataFrame, params: dict) -> dict | None:
 def arm_budgets(cells: Cells) -> pd.DataFrame:
     """Per regime and arm whose cells recorded both: what one cell had to store over its training (mean over seeds;
     _received), its trained parameters, the bits they hold, and whether those bits hold what it received."""
-    rows = []
+    rows, no_steps = [], cells.history.iloc[:0]
+    steps_of = dict(tuple(cells.history.groupby("cell")))
     for cell in cells.summaries.itertuples():
         params = cells.params.get(cell.cell, {})
         trained = params.get(cell_folder.DERIVED, {}).get(cell_folder.TRAINED_PARAMETERS)
-        received = _received(cell.regime, cells.history[cells.history["cell"] == cell.cell], params)
+        received = _received(cell.regime, steps_of.get(cell.cell, no_steps), params)
         if trained is None or received is None:
             continue
         rows.append({"regime": cell.regime, "arm": cell.arm, "rank": cell.rank, **received,

@@ -6,6 +6,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
+MODEL_CONFIG = "config.json"  # what every save_pretrained model folder holds
+
 
 def is_local(source: str) -> bool:
     """Whether a model or dataset source names a local path (path-like, or existing) rather than a hub id."""
@@ -30,13 +32,13 @@ def load_causal_lm(
     what: str = "model",
 ) -> torch.nn.Module:
     """A causal LM from a save_pretrained folder or hub id, on device, in dtype."""
-    model = AutoModelForCausalLM.from_pretrained(_source(name_or_path, what, "config.json"), dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(_source(name_or_path, what, MODEL_CONFIG), dtype=dtype)
     return model.to(device)
 
 
 def load_config(name_or_path: str | Path, what: str = "model") -> PretrainedConfig:
     """A model's config alone (cheap: the reachability check before a run)."""
-    return AutoConfig.from_pretrained(_source(name_or_path, what, "config.json"))
+    return AutoConfig.from_pretrained(_source(name_or_path, what, MODEL_CONFIG))
 
 
 def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:

@@ -16,6 +16,7 @@ import submitit
 
 from ..analysis.speed import BENCHMARK_FILE
 from ..data.problem_sets import TRAIN_FILE
+from ..data.sources import MODEL_CONFIG
 from ..experiment import kl_bound
 from ..experiment.baseline import base_configs, base_eval_key
 from ..experiment.profiles import STUDY_SETTINGS, Profile, resolve_world_entry
@@ -178,7 +179,7 @@ def benchmark_workload(profile: Profile, root: Path) -> tuple[str, ...]:
     them): the profile's own, where they are a built model folder and a mini-world problems folder; else none, and
     the benchmark times a random Qwen3 of the mini student's shape."""
     student, problems = (Path(resolve_world_entry(profile.world[key], root)) for key in ("student", "problems"))
-    if (student / "config.json").is_file() and (problems / TRAIN_FILE).is_file():
+    if (student / MODEL_CONFIG).is_file() and (problems / TRAIN_FILE).is_file():
         return "--student", _under(student, root), "--problems", _under(problems, root)
     print(f"benchmark: {student} is not a built model folder or {problems} holds no {TRAIN_FILE}; timing a random "
           "Qwen3 of the mini student's shape instead", file=sys.stderr)

@@ -24,6 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before any Hugging Face import: 
 import argparse
 import contextlib
 import dataclasses
+import functools
 import random
 import statistics
 import tempfile
@@ -44,7 +45,7 @@ from transformers import PreTrainedTokenizerBase, PrinterCallback
 from ..analysis.speed import floor_split, phase_split, sampling_split
 from ..data.problem_sets import TRAIN_FILE
 from ..data.problems import Problem, read_problems
-from ..data.sources import load_causal_lm, load_config, load_tokenizer
+from ..data.sources import MODEL_CONFIG, load_causal_lm, load_config, load_tokenizer
 from ..grpo.deposits import Deposits
 from ..grpo.loss import LossConfig
 from ..grpo.policy import Policy, PolicyConfig
@@ -91,8 +92,8 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if (self.student is None) != (self.problems is None):
             raise ValueError("--student and --problems go together: a world's student and its problems folder")
-        if self.student is not None and not (Path(self.student) / "config.json").is_file():
-            raise ValueError(f"--student {self.student}: no config.json there (a save_pretrained model folder)")
+        if self.student is not None and not (Path(self.student) / MODEL_CONFIG).is_file():
+            raise ValueError(f"--student {self.student}: no {MODEL_CONFIG} there (a save_pretrained model folder)")
         if self.problems is not None and not (Path(self.problems) / TRAIN_FILE).is_file():
             raise ValueError(f"--problems {self.problems}: no {TRAIN_FILE} there (a world's problems folder)")
         if self.steps < 1 or self.warmup < 0:
@@ -120,12 +121,18 @@ def arm_name(rank: int | None) -> str:
     return "FullFT" if rank is None else f"LoRA r={rank}"
 
 
+@functools.cache
+def _training_problems(folder: str) -> tuple[Problem, ...]:
+    """A world's training problems, read once per run (every implementation and arm draws its prompts from them)."""
+    return tuple(read_problems(Path(folder) / TRAIN_FILE))
+
+
 def problem_set(config: BenchConfig) -> list[Problem]:
     """The prompts of every timed step: config.prompts training problems of the world's, or addition problems,
     drawn with the config's seed."""
     rng = random.Random(config.seed)
     if config.problems is not None:
-        problems = read_problems(Path(config.problems) / TRAIN_FILE)
+        problems = _training_problems(config.problems)
         if len(problems) < config.prompts:
             raise ValueError(f"{config.problems}/{TRAIN_FILE} holds {len(problems)} problems, fewer than the "
                              f"{config.prompts} prompts a step needs")
