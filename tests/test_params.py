@@ -67,7 +67,7 @@ def error_of(tmp_path: Path, data) -> str:
                                          ("mini_world2_outcome_seeds", 48), ("mini_world1_process_stopping_swept", 72),
                                          ("mini_world2_process_stopping_swept", 72),
                                          ("mini_process_stopping_swept_seeds", 72),
-                                         ("smoke", 12), ("paper", 54)])
+                                         ("mini_epyc_process_stopping_swept", 72), ("smoke", 12), ("paper", 54)])
 def test_shipped_profiles_load(name, cells):
     profile = load_profile(find_profile(name))
     assert profile.name == name
@@ -178,7 +178,7 @@ def test_the_swept_stopping_run_is_the_stopping_run_at_the_rates_its_committed_s
 
 @pytest.mark.parametrize("name", ["mini_process_stopping", "mini_process_stopping_swept",
                                   "mini_process_stopping_swept_seeds", "mini_world1_process_stopping_swept",
-                                  "mini_world2_process_stopping_swept"])
+                                  "mini_world2_process_stopping_swept", "mini_epyc_process_stopping_swept"])
 def test_the_committed_stopping_report_compares_every_arm_at_its_dev_chosen_step(name):
     profile = load_profile(find_profile(name))
     outputs = REPO_ROOT / "outputs" / name
@@ -233,6 +233,17 @@ def test_the_swept_stopping_run_on_fresh_seeds_is_that_run_on_as_many_seeds_none
                    analysis=study.analysis) == study, f"it differs from {study.name} beyond its seeds"
 
 
+def test_the_swept_stopping_run_by_another_cpu_kind_is_that_run_to_the_last_setting_in_the_committed_world():
+    study, again = (load_profile(find_profile(name))
+                    for name in ("mini_process_stopping_swept", "mini_epyc_process_stopping_swept"))
+    assert again.analysis["replicates"] == study.name
+    assert replace(again, name=study.name, path=study.path, analysis=study.analysis) == study, (
+        f"it differs from {study.name} beyond its name: only the CPU that built the world may differ")
+    students, committed = ({*pd.read_csv(REPO_ROOT / "outputs" / name / "worlds.csv").query("entry == 'student'")
+                            ["fingerprint"]} for name in (again.name, "mini"))
+    assert students == committed, f"its committed cells trained on student {students}, the default study's {committed}"
+
+
 def test_the_seed_2_worlds_outcome_replication_is_its_study_on_as_many_fresh_seeds_as_its_power_table_asked():
     study, again = (load_profile(find_profile(name)) for name in ("mini_world2", "mini_world2_outcome_seeds"))
     projected = pd.read_csv(REPO_ROOT / "outputs" / "mini_world2" / "equivalence.csv").set_index(["regime", "arm"])
@@ -271,7 +282,7 @@ def test_the_profiles_compared_with_minis_cells_train_at_its_rates_and_steps():
                                   "mini_process_longer", "mini_process_powered", "mini_process_stopping",
                                   "mini_process_stopping_swept", "mini_process_stopping_swept_seeds",
                                   "mini_world1_process_stopping_swept", "mini_world2_process_stopping_swept",
-                                  "mini_sft_longer", "mini_sft_longer_decay"])
+                                  "mini_epyc_process_stopping_swept", "mini_sft_longer", "mini_sft_longer_decay"])
 def test_a_committed_single_regime_report_is_of_its_profiles_seeds_and_steps(name):
     # (The 12-seed run's first, 100-step version projected the powered run's 34 seeds; it is in git history.)
     profile = load_profile(find_profile(name))

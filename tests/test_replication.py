@@ -189,7 +189,8 @@ COMMITTED_REPLICATIONS = [("mini", "mini_world1"), ("mini", "mini_world2"),
                           ("mini_world2", "mini_world2_outcome_seeds"),
                           ("mini_process_stopping_swept", "mini_world1_process_stopping_swept"),
                           ("mini_process_stopping_swept", "mini_world2_process_stopping_swept"),
-                          ("mini_process_stopping_swept", "mini_process_stopping_swept_seeds")]
+                          ("mini_process_stopping_swept", "mini_process_stopping_swept_seeds"),
+                          ("mini_process_stopping_swept", "mini_epyc_process_stopping_swept")]
 
 
 @pytest.mark.parametrize("original, replication", COMMITTED_REPLICATIONS)
