@@ -176,9 +176,12 @@ def test_the_swept_stopping_run_is_the_stopping_run_at_the_rates_its_committed_s
     assert (swept.world, swept.cell, swept.analysis) == (stopping.world, stopping.cell, stopping.analysis)
 
 
-@pytest.mark.parametrize("name", ["mini_process_stopping", "mini_process_stopping_swept",
-                                  "mini_process_stopping_swept_seeds", "mini_world1_process_stopping_swept",
-                                  "mini_world2_process_stopping_swept", "mini_epyc_process_stopping_swept"])
+DEV_STOPPED_STUDIES = ("mini_process_stopping", "mini_process_stopping_swept", "mini_process_stopping_swept_seeds",
+                       "mini_world1_process_stopping_swept", "mini_world2_process_stopping_swept",
+                       "mini_epyc_process_stopping_swept")
+
+
+@pytest.mark.parametrize("name", DEV_STOPPED_STUDIES)
 def test_the_committed_stopping_report_compares_every_arm_at_its_dev_chosen_step(name):
     profile = load_profile(find_profile(name))
     outputs = REPO_ROOT / "outputs" / name
@@ -279,10 +282,8 @@ def test_the_profiles_compared_with_minis_cells_train_at_its_rates_and_steps():
 
 
 @pytest.mark.parametrize("name", ["mini_outcome_seeds", "mini_outcome_powered", "mini_outcome_longer",
-                                  "mini_process_longer", "mini_process_powered", "mini_process_stopping",
-                                  "mini_process_stopping_swept", "mini_process_stopping_swept_seeds",
-                                  "mini_world1_process_stopping_swept", "mini_world2_process_stopping_swept",
-                                  "mini_epyc_process_stopping_swept", "mini_sft_longer", "mini_sft_longer_decay"])
+                                  "mini_process_longer", "mini_process_powered", *DEV_STOPPED_STUDIES,
+                                  "mini_sft_longer", "mini_sft_longer_decay"])
 def test_a_committed_single_regime_report_is_of_its_profiles_seeds_and_steps(name):
     # (The 12-seed run's first, 100-step version projected the powered run's 34 seeds; it is in git history.)
     profile = load_profile(find_profile(name))
