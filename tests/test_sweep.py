@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from reward_density.analysis.load import load_cells
-from reward_density.analysis.sweep import SCORES, chosen_rates, write_sweep_report
+from reward_density.analysis.sweep import SCORES, chosen_rates, sweep_table, write_sweep_report
 from reward_density.experiment.profiles import RATE_CRITERIA, REPO_ROOT
 from reward_density.run.notebooks import execute_notebook
 
@@ -71,6 +71,20 @@ def test_the_sweep_report_lists_every_arm_rate_and_its_late_share(tmp_path):
     assert "Trained by (each cell's manifest.json): code no commit recorded (28 cells)" in text, "who trained them"
     assert "World read (each cell's params.json: a hash of each entry's files): not recorded (28 cells)." in text
     assert (tmp_path / "out" / "chosen_rates.csv").is_file()
+
+
+def test_the_sweep_table_reads_in_the_designs_order_ranks_ascending_then_fullft_rates_ascending(tmp_path):
+    curves = {16: {3e-4: PLATEAUED, 1e-4: PLATEAUED}, None: {3e-5: PLATEAUED, 1e-5: PLATEAUED}, 2: {1e-4: FLAT}}
+    frame = sweep_table(sweep(tmp_path, ("distillation", "outcome"), curves)).frame
+    assert list(frame["regime"]) == ["outcome"] * 5 + ["distillation"] * 5, "regimes out of the design's order"
+    assert list(frame["arm"][:5]) == ["r2", "r16", "r16", "full", "full"], "ranks sorted as text, or FullFT not last"
+    assert list(frame["learning_rate"][:5]) == [1e-4, 1e-4, 3e-4, 1e-5, 3e-5], "rates not ascending within an arm"
+
+
+def test_a_curve_with_no_gain_shows_a_dash_for_its_share_not_nan(tmp_path):
+    text = sweep_table(sweep(tmp_path, ("outcome",), {None: {1e-5: FLAT}, 1: {1e-4: PLATEAUED}})).markdown
+    assert "| outcome | full | 1e-05 | 0.300 | 0.300 | 3 | – | 2 |" in text, text
+    assert "nan" not in text
 
 
 def test_choosing_by_the_best_step_takes_each_arms_best_peak_whatever_its_end(tmp_path):

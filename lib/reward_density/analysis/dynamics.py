@@ -34,6 +34,11 @@ def is_plateau(share: float) -> bool:
     return bool(share <= PLATEAU_SHARE)  # nan (no gain) is never a plateau
 
 
+def share_text(share: float) -> str:
+    """A last-quarter share as a table shows it: a percentage, or a dash where the curve made no gain."""
+    return "–" if np.isnan(share) else f"{share:.0%}"
+
+
 def _curve(cells: Cells, regime: str, arm: str) -> pd.Series:
     """Mean pass@1 over seeds at each evaluation step of one arm."""
     evals = cells.evals[(cells.evals["regime"] == regime) & (cells.evals["arm"] == arm)]
@@ -57,7 +62,7 @@ def plateau_table(cells: Cells) -> Table:
     frame = pd.DataFrame(rows, columns=["regime", "arm", "base", "step_75", "pass1_75", "final_step", "final", "gain",
                                         "last_quarter_share", "plateau"])
     lines = [[r.regime, r.arm, f"{r.base:.3f}", f"{r.pass1_75:.3f} (step {r.step_75})", f"{r.final:.3f}",
-              f"{r.gain:+.3f}", "–" if np.isnan(r.last_quarter_share) else f"{r.last_quarter_share:.0%}",
+              f"{r.gain:+.3f}", share_text(r.last_quarter_share),
               "yes" if r.plateau else "no"] for r in frame.itertuples()]
     header = ["regime", "arm", "base", "pass@1 at 75% of steps", "final", "gain", "share of gain in last 25%",
               f"plateau (≤ {PLATEAU_SHARE:.0%})"]

@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 
 from ..experiment.config import FULL
-from .dynamics import PLATEAU_REGIMES, PLATEAU_SHARE, is_plateau, last_quarter_share
-from .load import Cells, regimes
+from .dynamics import PLATEAU_REGIMES, PLATEAU_SHARE, is_plateau, last_quarter_share, share_text
+from .load import Cells, arms, regimes
 from .report import planned_sentence, provenance_sentence, world_sentence
 from .stopping import best_steps
 from .tables import Table, markdown_table
@@ -38,16 +38,20 @@ def _late_share(cells: Cells, regime: str, arms: list[str], rate: float) -> floa
 
 def sweep_table(cells: Cells) -> Table:
     """Per regime, arm and learning rate, mean over seeds: final pass@1, the best pass@1 after step 0 and its step,
-    and the share of the gain made in the last quarter."""
+    and the share of the gain made in the last quarter; regimes in the design's order, ranks ascending then FullFT,
+    rates ascending."""
     best = best_steps(cells.evals).set_index("cell")[["step", "pass1"]]
     summaries = cells.summaries.join(best.rename(columns={"step": "best_step", "pass1": "best_pass1"}), on="cell")
     frame = (summaries.groupby(["regime", "arm", "learning_rate"], sort=False)
              .agg(final=("final_pass1", "mean"), best=("best_pass1", "mean"), best_step=("best_step", "mean"),
                   seeds=("seed", "nunique"))
              .reset_index())
+    order = {"regime": regimes(cells), "arm": arms(cells)}
+    frame = frame.sort_values(["regime", "arm", "learning_rate"], ignore_index=True,
+                              key=lambda column: column.map(order[column.name].index) if column.name in order else column)
     frame["late_share"] = [_late_share(cells, r.regime, [r.arm], r.learning_rate) for r in frame.itertuples()]
     rows = [[r.regime, r.arm, f"{r.learning_rate:g}", f"{r.final:.3f}", f"{r.best:.3f}", f"{r.best_step:.0f}",
-             f"{r.late_share:.0%}", r.seeds] for r in frame.itertuples()]
+             share_text(r.late_share), r.seeds] for r in frame.itertuples()]
     header = ["regime", "arm", "learning rate", "final pass@1", "best pass@1 after step 0", "its step (mean)",
               "share of gain in last 25%", "seeds"]
     return Table(frame, markdown_table(header, rows))
@@ -128,6 +132,8 @@ def write_sweep_report(cells: Cells, out_dir: str | Path, profile_name: str = ""
         "",
         chosen.markdown,
         "## Every arm at every rate",
+        "",
+        "Mean over seeds. A share shown as – belongs to a curve that ended no higher than it began.",
         "",
         table.markdown,
     ])
