@@ -90,9 +90,9 @@ def test_the_readmes_chosen_rates_are_the_committed_sweeps_choice():
     assert set(readme) == set(labels), f"the README's rates table has rows {sorted(readme)}"
     for label, regime in labels.items():
         row = chosen.loc[regime]
-        expected = [f"{row['full']:.0e}".replace("e-0", "e-") + f" ({row['full_final']:.3f})",
-                    f"{row['lora']:.0e}".replace("e-0", "e-") + f" ({row['lora_final']:.3f})",
-                    f"{row['ratio']:.0f}x"]
+        expected = [f"{row['full']:.0e}".replace("e-0", "e-") + f" ({row['full_score']:.3f})",
+                    f"{row['lora']:.0e}".replace("e-0", "e-") + f" ({row['lora_score']:.3f})",
+                    f"{row['ratio']:.2g}x"]  # as sweep.md writes it
         assert readme[label] == expected, (f"README rates row {label!r} is {readme[label]}; "
                                            f"outputs/mini_sweep/chosen_rates.csv says {expected}")
 
