@@ -46,9 +46,9 @@ def sweep_table(cells: Cells) -> Table:
              .agg(final=("final_pass1", "mean"), best=("best_pass1", "mean"), best_step=("best_step", "mean"),
                   seeds=("seed", "nunique"))
              .reset_index())
-    order = {"regime": regimes(cells), "arm": arms(cells)}
+    position = {"regime": regimes(cells).index, "arm": arms(cells).index}  # the design's order, not the text's
     frame = frame.sort_values(["regime", "arm", "learning_rate"], ignore_index=True,
-                              key=lambda column: column.map(order[column.name].index) if column.name in order else column)
+                              key=lambda col: col.map(position[col.name]) if col.name in position else col)
     frame["late_share"] = [_late_share(cells, r.regime, [r.arm], r.learning_rate) for r in frame.itertuples()]
     rows = [[r.regime, r.arm, f"{r.learning_rate:g}", f"{r.final:.3f}", f"{r.best:.3f}", f"{r.best_step:.0f}",
              share_text(r.late_share), r.seeds] for r in frame.itertuples()]
