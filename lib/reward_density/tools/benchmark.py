@@ -53,7 +53,7 @@ from ..grpo.rollout import Rollout
 from ..grpo.sampler import SamplingConfig, sample_rollout
 from ..grpo.stacked import StackedPolicy
 from ..grpo.step import StepConfig, grpo_step, stacked_grpo_step
-from .measurement import StepTimer, environment, median_seconds, parse_ranks, write_report
+from .measurement import StepTimer, arm_name, environment, median_seconds, parse_ranks, write_report
 from .measurement import quiet as quiet_transformers
 from .stand_ins import build_qwen3, build_tokenizer
 
@@ -115,10 +115,6 @@ class BenchConfig:
             loss=LossConfig(epsilon=self.epsilon, beta=self.beta, kl_estimator="k3", normalisation="token_mean"),
             max_grad_norm=self.max_grad_norm,
         )
-
-
-def arm_name(rank: int | None) -> str:
-    return "FullFT" if rank is None else f"LoRA r={rank}"
 
 
 @functools.cache

@@ -21,7 +21,13 @@ from transformers import TrainerCallback
 from ..experiment.provenance import cpu_model, git_state, package_versions, working_tree
 
 
+def arm_name(rank: int | None) -> str:
+    """The benchmarks' arm label: "FullFT", or "LoRA r=<rank>"."""
+    return "FullFT" if rank is None else f"LoRA r={rank}"
+
+
 def on_cuda(device: str | torch.device) -> bool:
+    """Whether the device is a CUDA GPU."""
     return torch.device(device).type == "cuda"
 
 

@@ -63,6 +63,7 @@ from .gpu_memory import (
 from .levers import FoldedDecoder, compiled_sampling
 from .measurement import (
     StepTimer,
+    arm_name,
     attempt,
     environment,
     free_memory,
@@ -124,10 +125,6 @@ class PaperBenchConfig:
             raise ValueError(f"need steps >= 1, trl_steps >= 0 and prompt_tokens >= 1, got {self}")
 
 
-def arm_name(rank: int | None) -> str:
-    return "FullFT" if rank is None else f"LoRA r={rank}"
-
-
 # ------------------------------------------------------------------------------------ models and tokenizers
 
 
@@ -158,6 +155,7 @@ def _word_tokenizer(words: dict[str, int], eos: str) -> PreTrainedTokenizerFast:
 
 
 def student_word(index: int) -> str:
+    """The stand-in vocabulary's word number `index`: every STEP_EVERY-th one ends a reasoning step."""
     return f"s{index}\n" if index % STEP_EVERY == 0 else f"w{index}"
 
 

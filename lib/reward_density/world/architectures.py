@@ -53,4 +53,5 @@ def new_mistral(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase, seed: int) 
 
 
 def n_parameters(model: torch.nn.Module) -> int:
+    """How many parameters the model has."""
     return sum(p.numel() for p in model.parameters())
