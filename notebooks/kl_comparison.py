@@ -14,8 +14,9 @@
 # "LoRA as an Implicit KL Regularizer in GRPO Fine-Tuning" argues that a low-rank adapter already keeps the
 # policy near its reference, so GRPO under LoRA can drop the KL penalty (and the reference pass it costs)
 # without losing accuracy, while full fine-tuning without it drifts and may collapse. This notebook reads two
-# studies that differ only in beta (the same world, arms, seeds, learning rates and held-out problems) and
-# pairs each arm's final answers across them.
+# studies trained alike but for beta (the same world, arms, seeds, learning rates and held-out problems) and
+# pairs each arm's final answers across them. Their curves may score different numbers of problems between
+# the first and last evaluation (`curve_problems`), so a peak is read only on the problems both scored.
 
 # %% tags=["parameters"]
 profile = "mini_klfree"  # the study without the penalty (beta = 0)

@@ -65,3 +65,21 @@ def test_accuracy_is_paired_without_minus_with_the_penalty_per_arm(tmp_path):
     path = write_kl_comparison(kept, dropped, tmp_path / "out", margin=0.05)
     assert "without − with" in path.read_text() and (tmp_path / "out" / "figures" / "kl_ablation.png").is_file()
     assert "The cells recorded no world" in path.read_text(), "the comparison says whether both read one world"
+
+
+def test_the_ablation_peak_is_taken_over_the_problems_both_studies_scored_at_every_evaluation(tmp_path):
+    for seed in (0, 1):  # with KL: the curve's middle evaluation scores only the first 5 of 10 problems
+        folder = write_cell(tmp_path / "with", "outcome", 4, seed, 4, peak=8)
+        answers = pd.read_csv(folder / "answers.csv", dtype={"problem_id": str})
+        answers[(answers["step"] != 2) | (answers["problem_id"] < "005")].to_csv(folder / "answers.csv", index=False)
+        evals = pd.read_csv(folder / "evals.csv")
+        evals.loc[evals["step"] == 2, ["pass1", "scored"]] = [1.0, 5]
+        evals.to_csv(folder / "evals.csv", index=False)
+        write_cell(tmp_path / "without", "outcome", 4, seed, 4, peak=8)  # without: all 10 at every evaluation
+    kept, dropped = load_cells(tmp_path / "with"), load_cells(tmp_path / "without")
+    table = ablation_table(kept, dropped, ablated=("r4",))
+    peaks = table.frame.set_index("penalty")["peak"]
+    # Over problems 000-004 the middle evaluation solves 5 of 5; over all 10 it would be 8 of 10.
+    assert peaks["without KL"] == pytest.approx(1.0), "the peak must not read problems the other study never scored"
+    assert peaks["with KL"] == pytest.approx(1.0)
+    assert "peak pass@1 (5 problems)" in table.markdown, "the table must say how many problems its peak reads"

@@ -44,21 +44,32 @@ ABLATION_REGIME, ABLATION_ARMS = "outcome", ("r4", "full")  # the seed paper's F
 def ablation_table(with_kl: Cells, without_kl: Cells, regime: str = ABLATION_REGIME,
                    ablated: tuple[str, ...] = ABLATION_ARMS) -> Table:
     """Per ablated arm, with and without the penalty: base, peak and final pass@1 (mean over seeds), and whether
-    any seed collapsed (ended below its base)."""
+    any seed collapsed (ended below its base). The peak is taken over the problems both studies scored at every
+    evaluation: a study whose curve scores fewer problems would otherwise peak over noisier means."""
+    shared = scored_everywhere([cells.answers[cells.answers["regime"] == regime] for cells in (with_kl, without_kl)])
     rows = []
     for arm in ablated:
         for cells, penalty in ((with_kl, "with KL"), (without_kl, "without KL")):
             s = cells.summaries[(cells.summaries["regime"] == regime) & (cells.summaries["arm"] == arm)]
             if s.empty:
                 continue
-            rows.append({"arm": arm, "penalty": penalty, "base": s["base_pass1"].mean(), "peak": s["peak_pass1"].mean(),
+            answers = cells.answers[cells.answers["cell"].isin(s["cell"]) & cells.answers["problem_id"].isin(shared)]
+            peaks = answers.groupby(["cell", "step"])["correct"].mean().groupby("cell").max()
+            rows.append({"arm": arm, "penalty": penalty, "base": s["base_pass1"].mean(), "peak": peaks.mean(),
                          "final": s["final_pass1"].mean(),
                          "collapsed_seeds": int((s["final_pass1"] < s["base_pass1"]).sum()), "seeds": len(s)})
     frame = pd.DataFrame(rows, columns=["arm", "penalty", "base", "peak", "final", "collapsed_seeds", "seeds"])
     lines = [[r.arm, r.penalty, f"{r.base:.3f}", f"{r.peak:.3f}", f"{r.final:.3f}", f"{r.collapsed_seeds} of {r.seeds}"]
              for r in frame.itertuples()]
-    header = ["arm", "penalty", "base", "peak pass@1", "final pass@1", "seeds ending below base"]
+    header = ["arm", "penalty", "base", f"peak pass@1 ({len(shared)} problems)", "final pass@1",
+              "seeds ending below base"]
     return Table(frame, markdown_table(header, lines) if lines else "No ablated arm ran.\n")
+
+
+def scored_everywhere(answers: list[pd.DataFrame]) -> set[str]:
+    """The problems every evaluation of every cell in these answer tables scored."""
+    scored = [set(ids) for frame in answers for _, ids in frame.groupby(["cell", "step"])["problem_id"]]
+    return set.intersection(*scored) if scored else set()
 
 
 def write_kl_comparison(with_kl: Cells, without_kl: Cells, out_dir: str | Path, margin: float,
