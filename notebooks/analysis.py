@@ -14,8 +14,8 @@
 # This notebook joins the finished cells of one profile (`<outputs_dir>/cells/<regime>-r<rank|full>-s<seed>/`,
 # finished when `summary.json` exists) into the study's tables and figures, and writes a markdown report.
 # A partial matrix is fine: tables show what exists and comparisons that cannot be made say why.
-# All logic lives in `reward_density.analysis` (load, tables, statistics, rank_needed, capacity, dynamics, plots,
-# report); this notebook only calls it.
+# All logic lives in `reward_density.analysis` (load, tables, statistics, rank_needed, capacity, dynamics, kl,
+# plots, report); this notebook only calls it.
 
 # %% tags=["parameters"]
 profile = "smoke"

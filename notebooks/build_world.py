@@ -20,7 +20,7 @@
 # |---|---|
 # | MATH problems, `\boxed{}` answers | chained arithmetic (`47 + 38 - 5`), one step per line, a `\boxed{}` answer line |
 # | Qwen3 tokenizer | byte-level BPE with single-digit tokens, trained here |
-# | Qwen3-1.7B-Base (0.375 greedy) | small `Qwen3ForCausalLM` pretrained on *imperfect* traces until greedy pass@1 reaches a target |
+# | Qwen3-1.7B-Base (0.375 greedy) | small `Qwen3ForCausalLM` pretrained on *imperfect* traces for a fixed number of steps, which must leave its greedy pass@1 near a target |
 # | Qwen3-8B teacher | larger `Qwen3ForCausalLM`, same tokenizer, trained on clean traces to high accuracy |
 # | math-shepherd-mistral-7b-prm | small `MistralForCausalLM` with its own tokenizer, a step tag after each step, P(+) from the `+`/`-` logits, trained on steps labelled by completer rollouts |
 #
@@ -31,7 +31,7 @@
 size = "mini"  # preset: "mini" (the study) or "smoke" (seconds, for tests)
 seed = 0
 out_dir = "outputs/mini/world"  # relative paths are taken from the repository root
-student_target = None  # greedy held-out pass@1 the student base is pretrained to (None: the preset's)
+student_target = None  # greedy dev pass@1 the base student must land near (None: the preset's)
 teacher_min_accuracy = None  # the teacher must reach at least this (None: the preset's)
 overrides = {}  # any other WorldConfig field, nested, e.g. {"student": {"hidden": 96}, "task": {"max_digits": 3}}
 force = False  # rebuild everything even if up to date
@@ -57,8 +57,9 @@ components = world["components"]
 # %% [markdown]
 # ## What was built
 #
-# One row per model: its size and greedy pass@1 on the held-out problems (the same fixed set every
-# training cell evaluates on).
+# One row per model: its size and greedy pass@1 on the dev problems its pretraining was evaluated on
+# (`selection_problems` of them). Building the world never looks at the held-out problems the study
+# reports on; the capability baseline measures the base there.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -83,8 +84,9 @@ print(components["problems"]["example"])
 # %% [markdown]
 # ## Pretraining curves
 #
-# The student stops at its target (the checkpoint closest to it is kept); the teacher stops once it is
-# accurate enough.
+# The student trains for a fixed number of steps and keeps its last weights, which must land within
+# `student_tolerance` of its target; the teacher stops once it is accurate enough and keeps its best
+# evaluation.
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -92,7 +94,7 @@ for name in ("student", "teacher"):
     curve = pd.DataFrame(components[name]["curve"])
     ax.plot(curve["step"], curve["accuracy"], marker=".", label=name)
 ax.axhline(config.student_target, ls="--", c="grey", lw=1, label="student target")
-ax.set(xlabel="pretraining step", ylabel="held-out greedy pass@1", ylim=(0, 1))
+ax.set(xlabel="pretraining step", ylabel="dev greedy pass@1", ylim=(0, 1))
 ax.legend();
 
 # %% [markdown]
@@ -100,8 +102,9 @@ ax.legend();
 #
 # Steps of solutions sampled from the student are labelled the Math-Shepherd way: a step is good when
 # at least one of several teacher rollouts continued from it reaches the right answer (hard estimation).
-# The PRM never sees the gold answer. Its accuracy on held-out problems' steps is reported beside the
-# majority-class rate it has to beat.
+# The PRM never sees the gold answer. Its accuracy on the steps of problems kept out of its training (a
+# slice of the training split, not the study's held-out set) is reported beside the majority-class rate
+# it has to beat.
 
 # %%
 # NBVAL_CHECK_OUTPUT

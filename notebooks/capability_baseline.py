@@ -12,9 +12,9 @@
 # # Capability baseline: student vs teacher before any RL
 #
 # The paper's Table 2 for the world a profile uses: sampled pass@1/4/8 on the held-out set, the
-# exploration gap (pass@8 - pass@1: answers the model can already find when it may try several times,
-# which RL can hope to pull into pass@1) and the mean response length. In the paper Qwen3-1.7B-Base
-# sits far below Qwen3-8B; the mini world is built to keep that relation.
+# exploration gap (pass@4 - pass@1, as the paper takes it: answers the model can already find when it
+# may try several times, which RL can hope to pull into pass@1) and the mean response length. In the
+# paper Qwen3-1.7B-Base sits far below Qwen3-8B; the mini world is built to keep that relation.
 
 # %% tags=["parameters"]
 student = "outputs/mini/world/student"  # relative paths are taken from the repository root

@@ -68,8 +68,8 @@ frame.head()
 # %% [markdown]
 # ## Empirical KL against the bound, per rank
 #
-# Mean ± sd over seeds; the last column is how many orders of magnitude the bound of Eq. (5) sits above the
-# empirical KL.
+# Mean ± sd over seeds; the column log10(bound / KL) is how many orders of magnitude the bound of Eq. (5)
+# sits above the empirical KL.
 
 # %%
 table = summary(frame)

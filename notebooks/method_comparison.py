@@ -16,8 +16,10 @@
 # later ones with probability P, at most k), T-SPMO gives each unique (prefix, token) of a group's prefix
 # trie its own advantage, the change in expected reward that token brings. It finds plain GRPO under LoRA
 # barely moving the model, and T-SPMO far ahead of S-GRPO on multiplication. Here each method is a study of
-# its own on the same world, arms, seeds and held-out problems (one setting apart, `params/mini_*.yaml`),
-# and each arm's final answers are paired with the baseline method's.
+# its own on the same world, arms, seeds and held-out problems, apart from the method's own settings
+# (`params/mini_sgrpo.yaml`: the token selection; `params/mini_tspmo.yaml`: its advantages, no KL penalty,
+# an L2 penalty on the adapters, one prompt of 16 completions a step), and each arm's final answers are
+# paired with the baseline method's.
 
 # %% tags=["parameters"]
 profile = "mini_tspmo"  # the study whose analysis runs this comparison
@@ -29,15 +31,14 @@ confidence = 0.95
 memory_ranks = [1, "full"]  # arms whose peak step memory is measured per method ([] skips the measurement)
 
 # %%
-from pathlib import Path
-
 from IPython.display import Markdown, display
 
 from reward_density.analysis import load
 from reward_density.analysis import methods as compare
+from reward_density.experiment.profiles import REPO_ROOT
 from reward_density.experiment.step_memory import method_memory
 
-outputs = Path(outputs_dir)
+outputs = REPO_ROOT / outputs_dir  # the other methods' studies sit beside it
 studies = {}
 for name, other in methods.items():
     try:

@@ -122,9 +122,9 @@ for row in range(min(show, rollout.num_completions)):
 # The process regime's exploit shows here. The PRM scores each step on its own and never sees whether the
 # final answer is right, so a policy can raise its process reward with steps the PRM likes whatever the
 # answer, and with more of them where advantages are returns-to-go (every step above the group's mean adds
-# to the advantage of every token before it). Left: process reward against the number of steps, coloured by
-# the checker's verdict; on a collapsed process cell's late completions, wrong answers with many highly
-# scored steps are the exploit. Right: per verdict, the mean steps, length and rewards.
+# to the advantage of every token before it). The figure: process reward against the number of steps,
+# coloured by the checker's verdict; on a collapsed process cell's late completions, wrong answers with many
+# highly scored steps are the exploit. The table after it: per verdict, the mean steps, length and rewards.
 
 # %%
 fig, ax = plt.subplots(1, 1, figsize=(5, 3.5))
