@@ -30,7 +30,7 @@ from reward_density.experiment.provenance import (
     write_json_atomic,
 )
 from reward_density.run import notebooks, stages
-from reward_density.run.cli import _parser, main
+from reward_density.run.cli import _parser, check_notebook_sections, main
 from reward_density.run.local import gpu_slots, run_matrix
 from reward_density.run.lock import FolderInUse, exclusive, reading, replacing
 from reward_density.run.matrix import StaleCells, cpu_count, select_cells
@@ -75,7 +75,7 @@ def cell_dir(root: Path, name: str) -> Path:
     return root / "outputs" / "tiny" / "cells" / name
 
 
-def test_filter_globs(root):
+def test_cell_globs_select_cells_in_profile_order_and_one_that_matches_none_is_refused(root):
     profile = profile_of(root)
     assert [c.name for c in select_cells(profile, None)] == [
         "outcome-r1-s0", "outcome-rfull-s0", "process-r1-s0", "process-rfull-s0"]
@@ -327,6 +327,23 @@ def test_cli_bad_profile_exits_2_before_any_work(root, capsys):
     assert not (root / "outputs" / "tiny").exists()
 
 
+def test_a_profile_section_a_stage_notebook_does_not_take_is_refused_before_any_work(root, capsys):
+    data = yaml.safe_load((root / "params" / "tiny.yaml").read_text())
+    data["kl_bound"] = {"out_dir": "outputs/tiny/kl_bound", "epoch": 1}  # a typo of epochs
+    (root / "params" / "tiny.yaml").write_text(yaml.safe_dump(data))
+    shutil.copy(REPO_ROOT / "notebooks" / "kl_bound.py", root / "notebooks" / "kl_bound.py")
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "kl_bound"]) == 2
+    error = capsys.readouterr().err
+    assert "tiny.yaml: kl_bound.epoch: unknown key; the parameters of notebooks/kl_bound.py: out_dir, seeds, epochs" \
+        in error, error
+    assert not (root / "outputs" / "tiny" / "kl_bound").exists(), "the stage ran on its defaults"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO_ROOT / "params").glob("*.yaml")))
+def test_every_shipped_profile_passes_its_stage_notebooks_only_their_parameters(name):
+    check_notebook_sections(load_profile(REPO_ROOT / "params" / f"{name}.yaml"), REPO_ROOT, ["world", "kl_bound"])
+
+
 def test_a_ctrl_c_while_the_command_line_loads_says_so_in_one_line(monkeypatch, capsys):
     loading = types.ModuleType("reward_density.run.cli")
 
@@ -373,7 +390,7 @@ def test_each_run_appends_its_stage_times_with_the_machine_and_the_code(root, ca
     assert re.search(r"^cells: \d+ s wall, \d+ s CPU", capsys.readouterr().err, re.M), "each stage prints its time"
 
 
-def test_cli_analysis_stage(root, capsys):
+def test_the_analysis_stage_runs_its_notebook_with_the_profiles_settings_and_planned_cells(root, capsys):
     assert main(["--profile", "tiny", "--root", str(root), "--stages", "analysis"]) == 0
     outputs = root / "outputs" / "tiny"
     report = read_json(outputs / "report.md")
@@ -388,7 +405,7 @@ def summaries(root: Path) -> dict[str, int]:
     return {p.parent.name: p.stat().st_mtime_ns for p in (root / "outputs/tiny/cells").glob("*/summary.json")}
 
 
-def test_kill_and_resume(root, monkeypatch):
+def test_a_run_stopped_by_sigterm_keeps_its_finished_cells_and_a_rerun_finishes_the_rest(root, monkeypatch):
     env = {**os.environ, "FAKE_SLEEP": "2"}
     command = [sys.executable, "-m", "reward_density.run", "--profile", "tiny", "--root", str(root),
                "--stages", "cells"]

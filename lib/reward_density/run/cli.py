@@ -17,11 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..experiment.profiles import REPO_ROOT, Profile, find_profile, load_profile, resolve_world_entry
+from ..experiment.profiles import REPO_ROOT, Profile, ProfileError, find_profile, load_profile, resolve_world_entry
 from .local import gpu_slots
 from .lock import FolderInUse, exclusive
 from .matrix import StaleCells, check_finished_cells, select_cells
-from .notebooks import NotebookFailed
+from .notebooks import NotebookFailed, notebook_parameters
 from .reachability import WorldUnreachable, check_world
 from .slurm import profile_executor
 from .stage_times import RUN_LOG, StageTimes
@@ -30,6 +30,8 @@ from .stage_times import RUN_LOG, StageTimes
 # usage or profile error need not wait for.
 STAGES = ("world", "baseline", "cells", "benchmark", "analysis", "kl_bound")
 DEFAULT_STAGES = tuple(stage for stage in STAGES if stage != "benchmark")  # its minute and a half is not the study's
+# The profile sections passed whole to a stage's notebook as its parameters: (section, stage, notebook).
+NOTEBOOK_SECTIONS = (("build_world", "world", "build_world.py"), ("kl_bound", "kl_bound", "kl_bound.py"))
 
 
 def _parse_stages(text: str) -> list[str]:
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root.resolve()
     try:
         profile = load_profile(find_profile(args.profile, root))
+        check_notebook_sections(profile, root, args.stages)
         if "cells" in args.stages:
             # Before the world stage, which may rebuild the world: the cells stage compares the world itself.
             check_finished_cells(profile, root, select_cells(profile, args.cells), world=False)
@@ -91,6 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: running cells were stopped; rerun to resume", file=sys.stderr)
         return 130
+
+
+def check_notebook_sections(profile: Profile, root: Path, stages: list[str]) -> None:
+    """A section passed to a stage's notebook names only that notebook's parameters: papermill would merely warn
+    of another, and the stage run on its defaults. A missing notebook is the stage's to report."""
+    for section, stage, notebook in NOTEBOOK_SECTIONS:
+        source, given = root / "notebooks" / notebook, getattr(profile, section)
+        if stage not in stages or not given or not source.is_file():
+            continue
+        allowed = notebook_parameters(source)
+        unknown = [key for key in given if key not in allowed]
+        if unknown:
+            raise ProfileError(f"{profile.path}: {section}.{unknown[0]}: unknown key; the parameters of "
+                               f"notebooks/{notebook}: {', '.join(allowed)}")
 
 
 def _study_lock(profile: Profile, root: Path, stages: list[str]) -> contextlib.AbstractContextManager:

@@ -1,6 +1,7 @@
 """Run one jupytext py:percent notebook with papermill (papermill cannot read .py sources itself)."""
 from __future__ import annotations
 
+import ast
 import logging
 import os
 import re
@@ -75,6 +76,14 @@ def read_source(source: Path) -> nbformat.NotebookNode:
     notebook.metadata["kernelspec"] = dict(KERNELSPEC)
     notebook.metadata.setdefault("language_info", {"name": "python"})
     return notebook
+
+
+def notebook_parameters(source: Path) -> list[str]:
+    """The names a py:percent notebook's `parameters` cell assigns: the only ones papermill can set."""
+    cells = [cell for cell in read_source(Path(source)).cells if "parameters" in cell.metadata.get("tags", [])]
+    statements = ast.parse(cells[0].source).body if cells else []
+    targets = [t for node in statements for t in getattr(node, "targets", [getattr(node, "target", None)])]
+    return [t.id for t in targets if isinstance(t, ast.Name)]
 
 
 def convert(source: Path, dest: Path) -> Path:
