@@ -207,6 +207,9 @@ def component_keys(config: WorldConfig) -> dict[str, str]:
 # ------------------------------------------------------------------------------------ builders
 
 COMPONENTS = ("problems", "control", "tokenizer", "student", "teacher", "prm")
+# Fixed by the builders, so not in component_keys: a change to one changes a world its key still calls current.
+TOKENIZER_TEXTS = 5000  # the training texts each tokenizer learns its merges from
+LABEL_LINES = 1000  # lines of the PRM's step tag and labels in its tokenizer's corpus
 
 
 @dataclass
@@ -260,7 +263,7 @@ def _training_texts(ctx: _Context, clean: bool) -> tuple[list[str], list[str]]:
 
 def _build_tokenizer(ctx: _Context) -> dict[str, Any]:
     prompts, traces = _training_texts(ctx, clean=False)
-    corpus = [p + t for p, t in zip(prompts, traces)][:5000]
+    corpus = [p + t for p, t in zip(prompts, traces)][:TOKENIZER_TEXTS]
     tokenizer = build_student_tokenizer(corpus, ctx.config.vocab_size)
     tokenizer.save_pretrained(ctx.out_dir / "tokenizer")
     return {"vocab_size": len(tokenizer)}
@@ -350,8 +353,8 @@ def _build_prm(ctx: _Context) -> dict[str, Any]:
     texts = [f"{q} " + "\n".join(line + STEP_TAG for line in t.split("\n")) for q, t in zip(prompts, traces)]
     noisy = [s.question + "\n".join(s.steps) for s in labelled]
     # The +/- label tokens stand alone after a tag; the corpus must hold them so, or they never become one token.
-    labels = [f"{STEP_TAG} {GOOD_TOKEN} {BAD_TOKEN}"] * 1000
-    prm_tokenizer = build_prm_tokenizer(texts[:5000] + noisy + labels, c.prm_vocab_size)
+    labels = [f"{STEP_TAG} {GOOD_TOKEN} {BAD_TOKEN}"] * LABEL_LINES
+    prm_tokenizer = build_prm_tokenizer(texts[:TOKENIZER_TEXTS] + noisy + labels, c.prm_vocab_size)
     backbone = new_mistral(c.prm, prm_tokenizer, c.seed)
     pretrain(backbone, encode_pairs(prm_tokenizer, [""] * len(texts), texts), prm_tokenizer.pad_token_id,
              replace(c.prm_pretraining, seed=c.seed), desc="pretrain PRM backbone")
