@@ -60,7 +60,7 @@ def test_the_notebook_and_the_runner_build_the_same_config_for_a_cell(tmp_path):
             != profile.matrix.learning_rate_of("outcome", 1))
 
 
-def test_cell_names_round_trip():
+def test_a_cell_name_parses_back_to_its_regime_rank_and_seed_and_a_malformed_one_to_none():
     for regime, rank, seed in [("outcome", 4, 0), ("process", None, 12), ("distillation", 1, 3)]:
         assert parse_cell_name(cell_name(regime, rank, seed)) == (regime, rank, seed)
     assert cell_name("process", None, 2) == "process-rfull-s2"
@@ -89,7 +89,9 @@ def test_a_cell_names_the_world_entries_its_regime_reads():
 
 def test_the_golden_training_notebooks_carry_the_schemas_parameters_cell():
     """A golden made before the schema grew fails inside nbval on a missing setting; this names the cause."""
-    for golden in sorted((REPO_ROOT / "tests" / "golden").glob("*_train_*.ipynb")):
+    goldens = sorted((REPO_ROOT / "tests" / "golden").glob("*_train_*.ipynb"))
+    assert goldens, "no golden training notebook found under tests/golden"
+    for golden in goldens:
         notebook = nbformat.read(golden, as_version=4)
         cell = next(c for c in notebook.cells if "parameters" in c.metadata.get("tags", []))
         assert cell.source.strip() == parameters_cell().strip(), (

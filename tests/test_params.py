@@ -292,12 +292,13 @@ def test_a_committed_single_regime_report_is_of_its_profiles_seeds_and_steps(nam
     seeds = pd.read_csv(outputs / "equivalence.csv")["n_seeds"]
     steps = pd.read_csv(outputs / "plateau.csv")["final_step"]
     ran = profile.matrix.seeds[regime]
+    assert len(seeds) and len(steps), f"{name}'s committed report has no equivalence or plateau rows"
     assert (seeds == len(ran)).all(), f"{name}'s committed report has {set(seeds)} seeds, its profile {len(ran)}"
     assert (steps == cell_config(profile, regime, 1, ran[0]).steps).all(), (
         f"{name}'s committed report ran {set(steps)} steps")
 
 
-def test_mini_order_and_names():
+def test_mini_cells_come_in_regime_rank_seed_order_each_at_its_arms_rate():
     profile = load_profile(find_profile("mini"))
     cells, seeds = profile.cells(), profile.matrix.seeds
     first = len(seeds["outcome"])
@@ -384,7 +385,7 @@ def test_without_full_ft_a_full_learning_rate_is_allowed_and_unused(tmp_path):
     assert [c.learning_rate for c in without.cells()] == [1e-3] * len(without.cells())
 
 
-def test_world_entry_rule(tmp_path):
+def test_world_entries_resolve_local_paths_against_the_root_and_pass_hub_ids_through(tmp_path):
     (tmp_path / "local" / "model").mkdir(parents=True)
     assert resolve_world_entry("Qwen/Qwen3-8B", tmp_path) == "Qwen/Qwen3-8B"
     assert resolve_world_entry("local/model", tmp_path) == str(tmp_path / "local/model")
@@ -478,7 +479,7 @@ def test_a_key_given_twice_is_refused_naming_it_rather_than_the_last_kept(tmp_pa
     assert "found the key 'group_size' twice" in error_of(tmp_path, nested)
 
 
-def test_empty_file(tmp_path):
+def test_an_empty_profile_file_is_refused_saying_which_keys_it_needs(tmp_path):
     assert "expected a mapping with keys profile, world" in error_of(tmp_path, "")
 
 
