@@ -122,7 +122,8 @@ class CellConfig:
     max_grad_norm: float = setting(1.0, check=positive_number, doc="gradient-norm clip")
     weight_decay: float = setting(0.0, check=non_negative_number, doc="AdamW weight decay")
     lr_schedule: str = setting("constant", check=one_of(*LR_SCHEDULES),
-                               doc="constant (paper) | linear: decays to 0 over the steps (TRL's default)")
+                               doc="constant (paper) | linear: down by 1/steps of it a step, to 1/steps at the last "
+                                   "(TRL's default)")
     lora_alpha: float = setting(32, check=positive_number, doc="LoRA alpha, whatever the rank")
     lora_dropout: float = setting(0.0, check=dropout_number, doc="LoRA dropout")
     sft_batch_size: int | None = setting(None, check=optional(positive_int),

@@ -15,7 +15,8 @@ class Deposits:
 
     token_rewards: [N, T] float, the raw reward at each deposit and 0 elsewhere.
     deposit_mask: [N, T] bool, where deposits sit (always inside the completion mask).
-    trajectory_rewards: [N] float, one number per completion, for logging.
+    trajectory_rewards: [N] float, one number per completion: logged, and what T-SPMO's advantages and replay
+        read (outcome 0/1, process the mean step score, distillation the summed log-ratio).
     counters: named counts the module wants reported (parse failures, steps lost, ...).
     """
 

@@ -14,7 +14,7 @@ class LossConfig:
     """Named loss settings; the defaults are the paper's (Table 1, Eq. 1 and 5).
 
     epsilon: clip range of the ratio, [1 - epsilon, 1 + epsilon].
-    beta: weight of the KL-to-reference penalty; 0 skips the reference pass altogether.
+    beta: weight of the KL-to-reference penalty; at 0 the step skips the reference pass unless it tracks the KL.
     kl_estimator: 'paper' (Eq. 5), 'k3' (DeepSeekMath, TRL) or 'k1' (the plain log-ratio).
     normalisation: 'token_mean' over all valid tokens of the batch (Eq. 1), 'sequence_mean'
         (mean per sequence, then over sequences: original GRPO) or 'constant' (Dr. GRPO: divide
@@ -94,11 +94,12 @@ def grpo_loss(
     token_subset: torch.Tensor | None = None,
     totals: BatchTotals | None = None,
 ) -> LossOutput:
-    """Clipped importance-sampling surrogate minus beta * KL, averaged over valid tokens (Eq. 1).
+    """Clipped importance-sampling surrogate minus beta * KL, reduced as config.normalisation says (token_mean:
+    averaged over valid tokens, Eq. 1).
 
     logps: [N, T] learner log-probs (with grad); sampler_logps: [N, T] the sampler's, both at the
     sampling temperature. token_subset: optional [N, T] bool restricting which valid tokens enter
-    the loss (S-GRPO); normalisation then counts only those tokens. totals: the whole batch's counts
+    the loss (S-GRPO); token_mean then counts only those tokens. totals: the whole batch's counts
     when these rows are one micro-batch of it (the statistics stay this micro-batch's own means).
     """
     _check_shapes(logps, sampler_logps=sampler_logps, advantages=advantages, completion_mask=completion_mask,

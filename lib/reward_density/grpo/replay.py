@@ -42,7 +42,8 @@ class _Stored:
 
 
 class ReplayBuffer:
-    """Every completion seen so far, as a success or a failure; draws replay prompts from them."""
+    """Every completion of the main updates so far (not those sampled from replayed prefixes), as a success or
+    a failure; draws replay prompts from them."""
 
     def __init__(self, config: ReplayConfig, seed: int) -> None:
         self.config = config

@@ -14,8 +14,8 @@ import torch
 
 @dataclass(frozen=True)
 class TokenSelection:
-    """alpha: tokens always kept at the start; k: at most this many chosen (the alpha ones count); p: the
-    probability of keeping each later token while there is room."""
+    """alpha: tokens always kept at the start; k: no later token is kept once this many are (the alpha ones
+    count, and stay even when alpha > k); p: the probability of keeping each later token while there is room."""
 
     alpha: int
     k: int

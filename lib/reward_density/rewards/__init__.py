@@ -1,4 +1,5 @@
-"""The three reward modules; each turns a Rollout into Deposits. The regime is chosen here, and only here."""
+"""The three reward modules; each turns a Rollout into Deposits. The reward is chosen here, by regime; the loss and
+the advantages never see the regime, only deposits and masks."""
 from __future__ import annotations
 
 from ..grpo.deposits import RewardModule

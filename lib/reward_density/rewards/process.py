@@ -102,13 +102,14 @@ class PRMScorer:
 
 
 class ProcessReward:
-    """One deposit per reasoning step: the PRM's P(good) on the student's last token of the step."""
+    """One deposit per reasoning step the PRM sees: its P(good) on the student's last token of the step (steps
+    ending on one token share it, averaged; steps past the PRM's length limit get none)."""
 
     def __init__(self, scorer: PRMScorer, student_tokenizer: Any) -> None:
         self.scorer, self.tokenizer = scorer, student_tokenizer
 
     def __call__(self, rollout: Rollout) -> Deposits:
-        """Score every row's steps with the PRM (question and steps only, never the answer)."""
+        """Score every row's steps with the PRM (question and steps only, never the gold answer)."""
         n, width = rollout.completion_ids.shape
         completion_ids, completion_mask = rollout.completion_ids.cpu(), rollout.completion_mask.cpu().bool()
         steps_per_row, ends_per_row = [], []
