@@ -122,8 +122,7 @@ class CellConfig:
     max_grad_norm: float = setting(1.0, check=positive_number, doc="gradient-norm clip")
     weight_decay: float = setting(0.0, check=non_negative_number, doc="AdamW weight decay")
     lr_schedule: str = setting("constant", check=one_of(*LR_SCHEDULES),
-                               doc="constant (paper) | linear: down by 1/steps of it a step, to 1/steps at the last "
-                                   "(TRL's default)")
+                               doc="constant (paper) | linear (TRL's): to 1/steps of it at the last step")
     lora_alpha: float = setting(32, check=positive_number, doc="LoRA alpha, whatever the rank")
     lora_dropout: float = setting(0.0, check=dropout_number, doc="LoRA dropout")
     sft_batch_size: int | None = setting(None, check=optional(positive_int),
