@@ -97,6 +97,19 @@ def test_an_undecided_rank_does_not_stop_two_disjoint_ranges_from_being_ordered(
     assert density_answer(needed_ranks(frame)).startswith("The needed rank grows with the reward's density")
 
 
+def test_two_regimes_that_every_rank_trails_cannot_be_ordered():
+    # Both need more than r16, the largest rank run: one may need r32, the other r256.
+    frame = equivalence(outcome={1: BEHIND, 16: BEHIND}, distillation={1: BEHIND, 16: BEHIND})
+    assert growth(needed_ranks(frame)) == "cannot tell"
+
+
+def test_a_control_behind_fullft_at_a_rank_above_one_that_matches_says_so_without_a_needed_rank():
+    answer = density_answer(needed_ranks(equivalence(outcome={1: EQUIVALENT}, sft={2: EQUIVALENT, 4: BEHIND})))
+    assert answer.endswith("The SFT control finds LoRA behind FullFT, but its verdicts are not monotone: r4 is behind "
+                           "FullFT although r2 matches it: these statistics see a rank fall behind, though the control "
+                           "pins no needed rank."), answer
+
+
 def test_the_sft_control_says_whether_the_statistics_can_see_a_rank_effect():
     rl = {"outcome": {1: EQUIVALENT}, "distillation": {1: EQUIVALENT}}
     seen = density_answer(needed_ranks(equivalence(**rl, sft={1: BEHIND, 16: BEHIND})))

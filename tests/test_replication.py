@@ -74,6 +74,14 @@ def test_a_comparison_only_one_study_made_is_counted_not_compared():
     assert "**0 of 1 verdicts agree**; not compared, made by one study only: 1." in table.markdown
 
 
+def test_a_comparison_one_study_skipped_is_not_counted_as_agreeing():
+    original = equivalence({("outcome", "r1"): "equivalent", ("outcome", "r2"): "skipped"})
+    again = equivalence({("outcome", "r1"): "equivalent", ("outcome", "r2"): "skipped"})
+    table = verdict_agreement(original, again, NAMES)
+    assert table.frame["arm"].tolist() == ["r1"], "a skipped comparison was made by neither study"
+    assert "**1 of 1 verdicts agree**" in table.markdown
+
+
 def test_the_rank_each_regime_needs_and_each_studys_answer_are_set_side_by_side():
     committed = [pd.read_csv(REPO_ROOT / "outputs" / study / "equivalence.csv") for study in ("mini", "mini_world1")]
     table = needed_agreement(*committed, ("mini", "mini_world1"))

@@ -4,9 +4,10 @@ grows with the reward's density.
 A rank *matches* FullFT when TOST shows it equivalent or when it is significantly ahead of FullFT; it is *behind* when
 it is significantly below without equivalence shown; inconclusive and skipped comparisons decide nothing. Assuming
 that a larger rank never needs less capacity, the needed rank lies above every rank behind and at or below the
-smallest rank that matches. It is pinned to one step of the grid when no undecided rank lies between the two. Two
-regimes of different densities are ordered only where their ranges do not overlap, or where both are pinned to the
-same step.
+smallest rank that matches. It is pinned when no undecided rank lies between the two: to one step of the grid, or,
+where no rank matches, to everything above the largest rank run. Two regimes of different densities are ordered only
+where their ranges do not overlap, or where both are pinned to the same step of the grid (two regimes that every rank
+trails may need different ranks above it).
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ class NeededRank:
 
     @property
     def pinned(self) -> bool:
-        """True when the range holds one step of the grid: no undecided rank lies inside it."""
+        """True when no undecided rank lies inside the range: it holds one step of the grid, or (no rank matching)
+        everything above the largest rank run."""
         return self.monotone and not self.undecided
 
     @property
@@ -99,7 +101,7 @@ def _order(sparser: NeededRank, denser: NeededRank) -> str | None:
     if not (sparser.monotone and denser.monotone):
         return None
     (low_s, high_s), (low_d, high_d) = sparser.bounds, denser.bounds
-    if sparser.pinned and denser.pinned and sparser.bounds == denser.bounds:
+    if sparser.pinned and denser.pinned and sparser.bounds == denser.bounds and sparser.at_most is not None:
         return "same"
     if high_s <= low_d:
         return "more"
@@ -167,7 +169,10 @@ def density_answer(needed: list[NeededRank]) -> str:
 
 def _control_sentence(control: NeededRank) -> str:
     """Whether the positive control shows that these statistics detect LoRA falling behind FullFT."""
-    if control.monotone and control.above:
+    if not control.monotone:
+        return (f"The SFT control finds LoRA behind FullFT, but its verdicts are {control.describe()}: these "
+                "statistics see a rank fall behind, though the control pins no needed rank.")
+    if control.above:
         return (f"The SFT control needs {control.describe()}: these statistics find LoRA behind FullFT where it "
                 "falls behind.")
     return (f"No rank of the SFT control is shown behind FullFT (its needed rank: {control.describe()}): this study "

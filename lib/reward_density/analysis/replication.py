@@ -70,7 +70,8 @@ def _side_by_side(original: pd.DataFrame, replication: pd.DataFrame, keys: list[
 
 def verdict_agreement(original: pd.DataFrame, replication: pd.DataFrame, names: tuple[str, str]) -> Table:
     """Every LoRA-vs-FullFT comparison both equivalence tables made: both differences and verdicts, and whether
-    the verdicts agree; comparisons made by one study only are counted, not compared."""
+    the verdicts agree; comparisons made by one study only (a skipped one is not made) are counted, not compared."""
+    original, replication = (frame[frame["verdict"] != "skipped"] for frame in (original, replication))
     both = _side_by_side(original, replication, ["regime", "arm"], ["estimate", "ci_low", "ci_high", "verdict"])
     both["agree"] = both["verdict_original"] == both["verdict_replication"]
     only = len(original) + len(replication) - 2 * len(both)

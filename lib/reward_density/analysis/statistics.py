@@ -12,8 +12,14 @@ sigma_a^2 / S + sigma_b^2 / P + sigma_e^2 / (S P), estimated without bias from t
 and the interval uses Student's t at those degrees of freedom. With few seeds the seed mean square has
 S - 1 degrees of freedom and the interval widens accordingly; a percentile bootstrap over seeds cannot,
 and covers the truth far less often than it claims when training runs differ (`simulate_coverage`;
-tests/test_statistics.py measures both). With one seed there is no interval at all: the spread between training
-runs cannot be estimated from one, and an interval over problems alone would claim to know the next run.
+tests/test_statistics.py measures both). Where the data show no spread beyond the residual's
+(MS_seed + MS_problem <= 2 MS_residual, common when two arms hardly differ), the variance is floored at
+the residual's share, MS_residual / (S P), at its (S - 1)(P - 1) degrees of freedom. Simulated at 1,000
+problems and nominal 90%, the interval covered 0.89-0.93 of studies at 3, 4 and 12 seeds with seed effects
+of sd 0 to 0.3 on the logit scale (the floor taken in up to 61% of them), but only 0.84-0.86 at 2 seeds
+with sd 0.1-0.3: read a 2-seed interval as too narrow. With one seed there is no interval at all: the
+spread between training runs cannot be estimated from one, and an interval over problems alone would claim
+to know the next run.
 """
 from __future__ import annotations
 
@@ -125,7 +131,7 @@ def variance_of_mean(diffs: np.ndarray) -> tuple[float, float]:
     ms_seed, ms_problem, ms_residual = _mean_squares(diffs)
     cells, df_residual = n_seeds * n_problems, (n_seeds - 1) * (n_problems - 1)
     combined = ms_seed + ms_problem - ms_residual
-    if combined <= ms_residual:  # the components cannot be negative: at least the residual's share remains
+    if combined <= ms_residual:  # seeds and problems show no spread of their own: the residual's share is the floor
         return ms_residual / cells, float(df_residual)
     df = _satterthwaite([(ms_seed, n_seeds - 1), (ms_problem, n_problems - 1), (-ms_residual, df_residual)])
     return combined / cells, float(df)

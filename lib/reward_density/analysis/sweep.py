@@ -2,7 +2,7 @@
 
 Per regime, the FullFT rate with the best score (mean over seeds), and the LoRA rate with the best score
 averaged over the seeds and all LoRA ranks (one rate for every rank, as "LoRA Without Regret" finds the best
-rate nearly independent of the rank at a fixed alpha); each rank's own best is shown too. The score
+rate nearly independent of the rank at a fixed alpha); each rank's own best, by its score alone, is shown too. The score
 (analysis.choose_rate_by) is the final pass@1, for a study that reads every arm at its end, or the best pass@1
 after step 0, for one that stops each arm at its own best dev step (stopping.py). Read at the end, in the
 regimes the study reads at a plateau (outcome, distillation), a rate is eligible only if its arm's mean curve
@@ -111,6 +111,14 @@ def _criterion_text(by: str) -> str:
             f"rates whose arm plateaued (at most {PLATEAU_SHARE:.0%} of its gain in the last 25% of steps).")
 
 
+def _split_sentence(cells: Cells) -> str:
+    """Which problems the sweep's cells were scored on, as their params.json records it."""
+    splits = sorted({str(params.get("eval_split")) for params in cells.params.values()})
+    if splits == ["dev"]:
+        return "Evaluated on the world's dev problems, never on the study's held-out set."
+    return f"Evaluated on the {' and '.join(splits)} problems: a rate chosen on the held-out set is tuned to the study."
+
+
 def write_sweep_report(cells: Cells, out_dir: str | Path, profile_name: str = "", by: str = "final",
                        planned: Sequence[str] | None = None) -> Path:
     """sweep.csv, chosen_rates.csv and sweep.md under out_dir, the rates chosen by `by`; returns sweep.md's path.
@@ -124,7 +132,7 @@ def write_sweep_report(cells: Cells, out_dir: str | Path, profile_name: str = ""
     text = "\n".join([
         f"# Learning-rate sweep ({profile_name or 'unnamed profile'})",
         "",
-        _criterion_text(by) + " Evaluated on the world's dev problems, never on the study's held-out set.",
+        _criterion_text(by) + " " + _split_sentence(cells),
         "",
         *([planned_sentence(cells, planned)] if planned is not None else []),
         provenance_sentence(cells),
