@@ -153,3 +153,13 @@ def test_where_the_hub_does_not_answer_a_world_in_the_local_cache_runs_with_a_no
     assert tried == ["prm"], "a cached hub id was tried against a hub that does not answer"
     note = capsys.readouterr().err
     assert "student, teacher read from the local cache: set HF_HUB_OFFLINE=1" in note, note
+
+
+def test_a_missing_sft_control_folder_is_named_before_any_cell(tmp_path):
+    (tmp_path / "problems").mkdir()
+    (tmp_path / "problems" / "train.jsonl").touch()
+    world = {"problems": str(tmp_path / "problems"), "control": str(tmp_path / "no-control")}
+    with pytest.raises(reachability.WorldUnreachable) as caught:
+        reachability.check_world(world, {})
+    assert f"world.control = '{tmp_path / 'no-control'}'" in str(caught.value), str(caught.value)
+    assert "world.problems" not in str(caught.value), "a folder holding train.jsonl was reported unreachable"

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from reward_density.experiment.config import CellConfig
+from reward_density.experiment.baseline import base_configs
+from reward_density.experiment.config import CellConfig, parse_cell_name
 from reward_density.experiment.profiles import (
     REPO_ROOT,
     ProfileError,
@@ -525,6 +526,28 @@ def test_a_regime_may_train_its_own_number_of_steps_and_the_others_keep_the_cell
     assert "matrix.steps.outcome = 0" in error_of(tmp_path, tiny(matrix__steps={"outcome": 0}))
     message = error_of(tmp_path, tiny(matrix__regimes=["outcome"], matrix__steps={"process": 200}))
     assert "matrix.steps.process: unknown key" in message
+
+
+def test_a_sweep_cells_own_folder_carries_its_rate_and_parses_back_even_with_an_exponent(tmp_path):
+    profile = load_profile(write_profile(tmp_path, tiny(matrix__learning_rate={"lora": [1e-5, 3e-5], "full": 1e-4},
+                                                        matrix__regimes=["outcome"], matrix__ranks=[1])))
+    name = Path(cell_config(profile, "outcome", 1, 0, learning_rate=3e-5, root=tmp_path).out_dir).name
+    assert name == "outcome-r1-lr3e-05-s0", "two rates of one arm would share a folder"
+    assert parse_cell_name(name) == ("outcome", 1, 0)
+
+
+@pytest.mark.parametrize("changes, said", [
+    ({"world__control": None}, "regime sft trains on the SFT control's problems: set world.control"),
+    ({"world__heldout": "outputs/elsewhere.jsonl", "cell__eval_split": "dev"},
+     "eval_split dev reads the mini world's dev.jsonl; with world.heldout set"),
+])
+def test_settings_no_cell_can_run_together_stop_the_profile_before_any_work(tmp_path, changes, said):
+    assert said in error_of(tmp_path, tiny(**changes))
+
+
+def test_the_shared_base_evaluation_covers_the_task_even_when_the_control_is_listed_first(tmp_path):
+    profile = load_profile(write_profile(tmp_path, tiny(matrix__regimes=["sft", "outcome", "process"])))
+    assert [c.regime for c in base_configs(profile, tmp_path / "baseline", root=tmp_path)] == ["outcome", "sft"]
 
 
 def test_a_learning_rate_sweep_is_a_matrix_axis_with_tagged_cell_names(tmp_path):

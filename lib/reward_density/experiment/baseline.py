@@ -94,7 +94,9 @@ def _read_saved(path: Path) -> dict | None:
 def base_configs(profile: Profile, base_answers: str | Path, root: Path = REPO_ROOT) -> list[CellConfig]:
     """One config per held-out set the profile's cells evaluate on (the task's; the control's when the matrix
     has the sft regime): what base_evaluation needs to compute each once, under the key the cells look up."""
-    regimes = [regime for regime in (profile.matrix.regimes[0], SFT) if regime in profile.matrix.regimes]
-    # The learning rate and rank do not enter the base evaluation; any valid pair will do.
+    task = next((regime for regime in profile.matrix.regimes if regime != SFT), None)
+    regimes = [regime for regime in (task, SFT) if regime in profile.matrix.regimes]
+    # The learning rate does not enter the base evaluation, nor in fp32 the rank. Under bf16 a peft LoRA arm holds
+    # the student in bf16 where FullFT holds its fp32 master copy; the shared evaluation is rank 1's.
     return [cell_config(profile, regime, 1, profile.matrix.seeds[regime][0], learning_rate=1.0, root=root,
                         base_answers=str(base_answers)) for regime in dict.fromkeys(regimes)]

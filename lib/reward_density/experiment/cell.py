@@ -274,7 +274,8 @@ def summarise(config: CellConfig, history: list[dict], evals: list[dict], wall_s
 def batches(problems: list[Problem], size: int, seed: int) -> Iterator[list[Problem]]:
     """Endless batches of distinct problems, reshuffled each epoch with the cell's seed."""
     if size > len(problems):
-        raise ValueError(f"prompts_per_step = {size} exceeds the {len(problems)} training problems")
+        raise ValueError(f"a step's batch of {size} problems (prompts_per_step; the SFT control: sft_batch_size) "
+                         f"exceeds the {len(problems)} training problems")
     rng = random.Random(seed)
     while True:
         order = problems[:]

@@ -10,6 +10,7 @@ Defaults are the paper's Table 1 on a CPU; profiles override what their world ch
 """
 from __future__ import annotations
 
+import re
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -76,16 +77,18 @@ def cell_name(regime: str, rank: int | None, seed: int, learning_rate: float | N
     return f"{regime}-r{rank_label(rank)}{rate}-s{seed}"
 
 
+# regime, rank, an optional sweep rate (as `:g` writes it, 3e-05 included), seed
+CELL_NAME = re.compile(
+    rf"(?P<regime>.+?)-r(?P<rank>{FULL}|[1-9][0-9]*)(?:-lr[0-9.]+(?:e[+-][0-9]+)?)?-s(?P<seed>[0-9]+)")
+
+
 def parse_cell_name(name: str) -> tuple[str, int | None, int] | None:
     """(regime, rank, seed) from a cell name (a sweep's rate tag is skipped), or None when it is not one."""
-    parts = [part for part in name.split("-") if not part.startswith("lr")]
-    parts = ["-".join(parts[:-2]), *parts[-2:]] if len(parts) >= 3 else parts
-    if len(parts) != 3 or not parts[1].startswith("r") or not parts[2].startswith("s"):
+    match = CELL_NAME.fullmatch(name)
+    if match is None:
         return None
-    rank, seed = parts[1][1:], parts[2][1:]
-    if not (rank == FULL or (rank.isdigit() and int(rank) > 0)) or not seed.isdigit():
-        return None
-    return parts[0], parse_rank(rank if rank == FULL else int(rank)), int(seed)
+    rank = match["rank"] if match["rank"] == FULL else int(match["rank"])
+    return match["regime"], parse_rank(rank), int(match["seed"])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,6 +224,11 @@ class CellConfig:
         if None in rule.values() and any(v is not None for v in rule.values()):
             missing = sorted(k for k, v in rule.items() if v is None)
             raise ValueError(f"S-GRPO's token rule needs token_alpha, token_k and token_p together; {missing} unset")
+        if self.heldout is not None and self.eval_split == "dev":
+            raise ValueError("eval_split dev reads the mini world's dev.jsonl; with world.heldout set the cell would "
+                             "evaluate on that held-out set instead: unset one of them")
+        if self.regime == SFT and self.control is None:
+            raise ValueError("regime sft trains on the SFT control's problems: set world.control")
         if self.dev_problems is not None and self.eval_split == "dev":
             raise ValueError("dev_problems scores the dev split beside the held-out one; with eval_split dev every "
                              "evaluation is on dev already")
@@ -271,10 +279,14 @@ class CellConfig:
 
     @property
     def heldout_file(self) -> Path:
-        """The file of the problems the cell is evaluated on (the SFT control: its own facts)."""
+        """What the cell is evaluated on: a mini-world folder's split file (the SFT control: its own facts), the
+        held-out dataset, or, for a MATH-schema training dataset without one, that dataset (its test split)."""
         if self.regime == SFT:
             return Path(self.control) / f"{self.eval_split}.jsonl"
-        return Path(self.heldout) if self.heldout else Path(self.problems) / f"{self.eval_split}.jsonl"
+        if self.heldout:
+            return Path(self.heldout)
+        folder = Path(self.problems)
+        return folder if self.prompt_template is not None else folder / f"{self.eval_split}.jsonl"
 
 
 # ------------------------------------------------------------------------------ the notebook's parameters

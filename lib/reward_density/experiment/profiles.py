@@ -173,13 +173,14 @@ def cell_config(
     values = {**profile.cell, **profile.data, **profile.world}
     values["steps"] = profile.matrix.steps.get(regime, values["steps"])
     values.update(settings)
+    rate = profile.matrix.learning_rate_of(regime, rank) if learning_rate is None else learning_rate
+    name = cell_name(regime, rank, seed, rate if profile.matrix.sweeps_rates else None)
     for f in CellConfig.settings("world"):
         if values.get(f.name) is not None:
             values[f.name] = resolve_world_entry(values[f.name], root)
     values.update(
         regime=regime, rank=rank, seed=seed, profile=profile.name,
-        learning_rate=profile.matrix.learning_rate_of(regime, rank) if learning_rate is None else learning_rate,
-        out_dir=str(resolve_path(out_dir or profile.cells_dir(root) / cell_name(regime, rank, seed), root)),
+        learning_rate=rate, out_dir=str(resolve_path(out_dir or profile.cells_dir(root) / name, root)),
     )
     return CellConfig(**values)
 

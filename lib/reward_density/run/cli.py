@@ -1,7 +1,7 @@
 """The study's command line: world building, every training cell of a profile, then the analysis.
 
     python -m reward_density.run --profile mini [--cells 'outcome-*,*-rfull-*'] [--jobs 2 | --gpus 0,1]
-        [--executor slurm|local] [--root DIR] [--stages world,baseline,cells,benchmark,analysis]
+        [--executor slurm|local] [--root DIR] [--stages world,baseline,cells,benchmark,analysis,kl_bound]
 
 Cells write into `<root>/outputs/<profile>/cells/<cell name>/`; finished cells are skipped, leftovers of
 killed or failed runs are cleared and rerun (run/matrix.py), so a second run measuring or training a profile is
@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..experiment.config import SFT
 from ..experiment.profiles import REPO_ROOT, Profile, ProfileError, find_profile, load_profile, resolve_world_entry
 from .local import gpu_slots
 from .lock import FolderInUse, exclusive
@@ -63,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry: validate the profile, then run the stages; 2 on a bad profile, 1 on any failure."""
+    """CLI entry: validate the profile, then run the stages; 2 when the run cannot start (a bad profile, a held lock,
+    stale cells, an unreachable world), 1 on any failure after, 130 on an interrupt."""
     args = _parser().parse_args(argv)
     if not args.profile:
         _parser().error("--profile is required")
@@ -137,7 +139,8 @@ def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: s
                 stage_world(profile, root)
         reads_world = bool({"baseline", "cells"} & set(stages))
         if reads_world:
-            check_world({k: resolve_world_entry(v, root) for k, v in profile.world.items()}, profile.data)
+            read = {k: v for k, v in profile.world.items() if k != "control" or SFT in profile.matrix.regimes}
+            check_world({k: resolve_world_entry(v, root) for k, v in read.items()}, profile.data)
         with reading_world(profile, root) if reads_world else contextlib.nullcontext():  # no rebuild meanwhile
             if "baseline" in stages:
                 with timed("baseline"):

@@ -16,7 +16,7 @@ from typing import Any
 from ..data.problem_sets import TRAIN_FILE
 
 MODELS = ("student", "teacher", "prm")
-DATASETS = ("problems", "heldout")
+DATASETS = ("problems", "heldout", "control")  # the control: always a folder of jsonl files, as the mini world's
 HUB_PROBE_SECONDS = 10
 
 
@@ -35,8 +35,8 @@ def _model_problem(key: str, source: str) -> str | None:
 
 
 def _dataset_problem(key: str, source: str, data: dict[str, Any]) -> str | None:
-    if "prompt_template" not in data:  # the mini world's own folder of jsonl files
-        needed = Path(source) / (TRAIN_FILE if key == "problems" else "")
+    if "prompt_template" not in data or key == "control":  # the mini world's own folder of jsonl files
+        needed = Path(source) / (TRAIN_FILE if key in ("problems", "control") else "")
         return None if needed.exists() else f"world.{key} = {source!r}: {needed} does not exist"
     path = Path(source).expanduser()
     if path.is_file():

@@ -34,8 +34,9 @@ def build_student_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTok
 def build_prm_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
     """A sentencepiece-style (Metaspace) BPE like Mistral's, knowing the step tag and the +/- tokens.
 
-    Texts carrying step tags in the corpus teach it the tag token; every printable ASCII character is in
-    the alphabet, so no character of a completion is unknown.
+    Texts carrying step tags in the corpus teach it the tag token; every printable ASCII character but the
+    whitespace beyond space and newline is in the alphabet: every character the task writes (a rarer byte a
+    student samples is the unknown token).
     """
     bpe = Tokenizer(models.BPE(unk_token=PRM_SPECIALS["unk_token"]))
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
