@@ -139,3 +139,17 @@ def test_the_sweep_notebook_chooses_and_reports_what_its_profile_planned(tmp_pat
     report = (tmp_path / "sweep.md").read_text()
     assert report.startswith("# Learning-rate sweep (tiny_sweep)") and "**Partial:** 1 of the 15 cells" in report
     assert list(pd.read_csv(tmp_path / "chosen_rates.csv")["regime"]) == ["outcome"]
+
+
+@pytest.mark.parametrize("split, said", [
+    ("dev", "Evaluated on the world's dev problems, never on the study's held-out set."),
+    ("heldout", "Evaluated on the heldout problems: a rate chosen on the held-out set is tuned to the study."),
+    (None, "Some cells do not record the split they were scored on"),
+])
+def test_the_sweep_report_says_which_split_its_cells_were_scored_on(tmp_path, split, said):
+    sweep(tmp_path / "study")
+    if split is not None:
+        for folder in (tmp_path / "study" / "cells").iterdir():
+            (folder / "params.json").write_text(json.dumps({"eval_split": split}))
+    text = write_sweep_report(load_cells(tmp_path / "study"), tmp_path / "out", "test").read_text()
+    assert said in text, text[:400]

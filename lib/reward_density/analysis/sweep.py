@@ -113,10 +113,13 @@ def _criterion_text(by: str) -> str:
 
 def _split_sentence(cells: Cells) -> str:
     """Which problems the sweep's cells were scored on, as their params.json records it."""
-    splits = sorted({str(params.get("eval_split")) for params in cells.params.values()})
-    if splits == ["dev"]:
+    splits = {params.get("eval_split") for params in cells.params.values()}
+    if splits == {"dev"}:
         return "Evaluated on the world's dev problems, never on the study's held-out set."
-    return f"Evaluated on the {' and '.join(splits)} problems: a rate chosen on the held-out set is tuned to the study."
+    if None in splits:
+        return "Some cells do not record the split they were scored on (params.json's eval_split)."
+    return (f"Evaluated on the {' and '.join(sorted(splits))} problems: a rate chosen on the held-out set is tuned "
+            "to the study.")
 
 
 def write_sweep_report(cells: Cells, out_dir: str | Path, profile_name: str = "", by: str = "final",
