@@ -198,7 +198,7 @@ class CellConfig:
     control: str | None = setting(None, check=optional(non_empty_string), section="world",
                                   doc="the SFT control's problems (train.jsonl, heldout.jsonl with solutions)")
     heldout: str | None = setting(None, check=optional(non_empty_string), section="world",
-                                  doc="the held-out problems (unset: the mini world's problems/heldout.jsonl)")
+                                  doc="held-out set (unset: problems/<eval_split>.jsonl; MATH schema: its test split)")
 
     # How MATH-schema datasets become prompts, from the profile's data section (the paper world).
     prompt_template: str | None = setting(None, check=optional(prompt_template), section="data",
