@@ -173,16 +173,22 @@ def cell_config(
     values = {**profile.cell, **profile.data, **profile.world}
     values["steps"] = profile.matrix.steps.get(regime, values["steps"])
     values.update(settings)
-    rate = profile.matrix.learning_rate_of(regime, rank) if learning_rate is None else learning_rate
-    name = cell_name(regime, rank, seed, rate if profile.matrix.sweeps_rates else None)
+    cell = matrix_cell(profile, regime, rank, seed, learning_rate)
     for f in CellConfig.settings("world"):
         if values.get(f.name) is not None:
             values[f.name] = resolve_world_entry(values[f.name], root)
     values.update(
         regime=regime, rank=rank, seed=seed, profile=profile.name,
-        learning_rate=rate, out_dir=str(resolve_path(out_dir or profile.cells_dir(root) / name, root)),
+        learning_rate=cell.learning_rate,
+        out_dir=str(resolve_path(out_dir or profile.cells_dir(root) / cell.name, root)),
     )
     return CellConfig(**values)
+
+
+def matrix_cell(profile: Profile, regime: str, rank: int | None, seed: int, learning_rate: float | None) -> MatrixCell:
+    """The matrix cell of an arm at this rate (None: the profile's rate for it), named as the profile names it."""
+    rate = profile.matrix.learning_rate_of(regime, rank) if learning_rate is None else learning_rate
+    return MatrixCell(regime, rank, seed, rate, profile.matrix.sweeps_rates)
 
 
 def group_configs(
@@ -201,13 +207,12 @@ def group_configs(
         raise ValueError(f"{len(rates)} learning rates for {len(ranks)} ranks: give one, or one per rank")
     configs = []
     for rank, rate in zip(ranks, rates):
-        rate = profile.matrix.learning_rate_of(regime, parse_rank(rank)) if rate is None else rate
-        name = cell_name(regime, parse_rank(rank), seed, rate if profile.matrix.sweeps_rates else None)
-        if any(Path(config.out_dir).name == name for config in configs):
-            raise ValueError(f"two arms would both write {name}: give each arm its own rank (or, in a learning-rate "
-                             "sweep, its own rate)")
-        configs.append(cell_config(profile, regime, rank, seed, learning_rate=rate, out_dir=folder / name, root=root,
-                                   **settings))
+        cell = matrix_cell(profile, regime, parse_rank(rank), seed, rate)
+        if any(Path(config.out_dir).name == cell.name for config in configs):
+            raise ValueError(f"two arms would both write {cell.name}: give each arm its own rank (or, in a "
+                             "learning-rate sweep, its own rate)")
+        configs.append(cell_config(profile, regime, rank, seed, learning_rate=cell.learning_rate,
+                                   out_dir=folder / cell.name, root=root, **settings))
     return configs
 
 
