@@ -70,10 +70,10 @@ print(gain.markdown)
 #
 # "Inside ±1 sd" is not a test. Here each LoRA arm is paired with FullFT by seed and held-out problem at the
 # final evaluation. Seeds and problems are crossed random factors, so the interval of the mean difference
-# comes from a two-way random-effects model (Student's t with Satterthwaite's degrees of freedom): with few
-# seeds it widens, where a bootstrap over seeds would claim more than it knows. TOST declares equivalence when
-# the (1 − 2α) interval lies inside ±margin (α = 1 − confidence). "Different" means the confidence interval
-# excludes 0 without equivalence being shown; anything else is "inconclusive".
+# comes from a two-way random-effects model (Student's t with Satterthwaite's degrees of freedom): where
+# training runs differ and few ran, it widens, where a bootstrap over seeds would claim more than it knows.
+# TOST declares equivalence when the (1 − 2α) interval lies inside ±margin (α = 1 − confidence). "Different"
+# means the confidence interval excludes 0 without equivalence being shown; anything else is "inconclusive".
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -84,9 +84,10 @@ print(equivalence.markdown)
 # ## Power
 #
 # How precisely each comparison was measured: the half-width of the interval TOST reads, and the minimum
-# detectable difference (the smallest true LoRA − FullFT gap a two-sided 5% test finds with 80% power). The
-# last columns say what a verdict would cost: the seeds with which TOST shows equivalence 80% of the time when
-# LoRA and FullFT truly do not differ, projected from this comparison's seed and problem variances.
+# detectable difference (the smallest true LoRA − FullFT gap that the test behind "different", at level
+# α = 1 − confidence, finds with 80% power). The last columns say what a verdict would cost: the seeds with
+# which TOST shows equivalence 80% of the time when LoRA and FullFT truly do not differ, projected from this
+# comparison's seed and problem variances ("none" where only more problems would do).
 
 # %%
 # NBVAL_CHECK_OUTPUT

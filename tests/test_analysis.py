@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
+from scipy import stats
 
 from reward_density.analysis.load import DamagedCell, arms, load_cells, regimes
 from reward_density.analysis.plots import FIGURES, VERDICT_COLORS, plot_equivalence
@@ -168,6 +169,14 @@ def test_equivalence_table_pairs_final_answers(outputs):
     assert outcome_r1["ci_low"] <= outcome_r1["estimate"] <= outcome_r1["ci_high"]
     assert set(frame["verdict"]) <= {"equivalent", "different", "inconclusive"}
     assert frame.iloc[2]["estimate"] == pytest.approx(0.1)
+
+
+def test_the_minimum_detectable_difference_is_at_the_level_of_the_test_behind_different(outputs):
+    for confidence in (0.9, 0.95):
+        frame = equivalence_table(load_cells(outputs), margin=0.05, confidence=confidence).frame
+        alpha = 1 - confidence  # "different": the two-sided confidence interval excludes 0
+        expected = (stats.t.ppf(1 - alpha / 2, frame["df"]) + stats.t.ppf(0.8, frame["df"])) * frame["se"]
+        assert frame["mdd"].to_numpy() == pytest.approx(expected.to_numpy()), f"MDD not at level {alpha:.2f}"
 
 
 def test_gain_table_pairs_each_cell_with_its_own_base(outputs):

@@ -13,6 +13,7 @@ from reward_density.analysis.rank_needed import (
     rank_needed_table,
     seeds_to_decide,
 )
+from reward_density.analysis.tables import power_markdown
 from reward_density.experiment.profiles import REPO_ROOT
 from reward_density.rewards import DENSITIES, DENSITY, REGIMES
 
@@ -127,6 +128,11 @@ def test_the_seeds_that_would_decide_each_open_rank_are_the_power_tables_project
     assert seeds_to_decide(frame, needed_ranks(frame)) == (
         "What would decide the open ranks: the seeds the power table projects for them (80% TOST power at a true "
         "difference of 0, on the same problems): outcome r1: 12 seeds, process r2: more than 1000 seeds.")
+    frame["seeds_suffice"] = [True, True, True, False, True, True, True]  # process r2: only more problems would do
+    assert seeds_to_decide(frame, needed_ranks(frame)).endswith("process r2: no number of seeds (only more problems).")
+    power = power_markdown(frame.assign(se=0.01, df=3.0, tost_half_width=0.02, mdd=0.03, n_seeds=4))
+    assert "| process | r2 | 0.0100 | 3.0 | ±0.020 | 0.030 | none: more problems | 4 |" in power, power
+    assert "| distillation | r2 | 0.0100 | 3.0 | ±0.020 | 0.030 | 9 | 4 |" in power, power
     pinned = equivalence(outcome={1: EQUIVALENT}).assign(seeds_needed=2)
     assert seeds_to_decide(pinned, needed_ranks(pinned)) == ""
     committed = pd.read_csv(REPO_ROOT / "outputs" / "mini" / "equivalence.csv")

@@ -10,6 +10,7 @@ from reward_density.analysis.statistics import (
     minimum_detectable_difference,
     paired_diff,
     paired_differences,
+    seeds_can_decide,
     seeds_for_equivalence,
     simulate_coverage,
     simulate_differences,
@@ -198,6 +199,15 @@ def test_without_seed_variance_two_seeds_suffice_and_problem_variance_alone_can_
     assert seeds_for_equivalence(quiet, margin=0.05) == 2
     noisy = rng.choice([-1.0, 1.0], size=(4, 20)) + rng.normal(0, 1, (1, 20))  # 20 problems cannot pin the mean
     assert seeds_for_equivalence(noisy, margin=0.05) is None, "more seeds cannot shrink the problems' share"
+    assert not seeds_can_decide(noisy, margin=0.05), "no number of seeds decides 20 problems this noisy"
+    assert seeds_can_decide(quiet, margin=0.05)
+
+
+def test_a_projection_beyond_its_cap_still_says_seeds_would_decide():
+    rng = np.random.default_rng(0)
+    runs_differ = rng.normal(0, 0.01, (4, 1000)) + rng.normal(0, 0.2, (4, 1))  # the seeds' spread dominates
+    assert seeds_for_equivalence(runs_differ, margin=0.05, max_seeds=5) is None
+    assert seeds_can_decide(runs_differ, margin=0.05), "enough seeds shrink a seed effect to nothing"
 
 
 def test_no_shared_seed_is_an_error():

@@ -22,7 +22,7 @@ import pandas as pd
 from ..experiment.config import SFT
 from ..rewards import DENSITIES, DENSITY, REGIMES
 from .statistics import MAX_PROJECTED_SEEDS
-from .tables import Table, markdown_table
+from .tables import Table, markdown_table, only_more_problems
 
 COLUMNS_READ = ("regime", "rank", "estimate", "verdict")  # of an equivalence table
 
@@ -186,11 +186,18 @@ def seeds_to_decide(equivalence: pd.DataFrame, needed: list[NeededRank]) -> str:
     rows = [r for r in equivalence.itertuples() if (r.regime, r.rank) in open_ranks]
     if not rows or "seeds_needed" not in equivalence:
         return ""
-    beyond = f"more than {MAX_PROJECTED_SEEDS}"
-    counts = ", ".join(f"{r.regime} r{r.rank}: {beyond if pd.isna(r.seeds_needed) else int(r.seeds_needed)} seeds"
-                       for r in rows)
+    counts = ", ".join(f"{r.regime} r{r.rank}: {_seeds_text(r)}" for r in rows)
     return (f"What would decide the open ranks: the seeds the power table projects for them (80% TOST power at a true "
             f"difference of 0, on the same problems): {counts}.")
+
+
+def _seeds_text(row) -> str:
+    """An equivalence row's projected seeds in words."""
+    if not pd.isna(row.seeds_needed):
+        return f"{int(row.seeds_needed)} seeds"
+    if only_more_problems(row):
+        return "no number of seeds (only more problems)"
+    return f"more than {MAX_PROJECTED_SEEDS} seeds"
 
 
 # above and at_most of NeededRank, named for a reader of the CSV; needed: NeededRank.describe()

@@ -126,7 +126,8 @@ def world_sentence(cells: Cells) -> str:
 EQUIVALENCE_FIGURE = "equivalence"  # the verdicts at a glance, drawn from the equivalence table
 RANK_NEEDED_FIGURE = "rank_needed"  # the answer at a glance, drawn from the same table
 INTERVAL = ("two-way random-effects interval over seeds and problems (crossed): Student's t with Satterthwaite's "
-            "degrees of freedom, which widens with few seeds (statistics.py)")
+            "degrees of freedom, which are few, and the interval wide, where training runs differ and few ran "
+            "(statistics.py)")
 
 
 RANK_NEEDED = ("The study's question read off the verdicts above (rank_needed.py). A rank matches FullFT when it is "
@@ -229,9 +230,11 @@ def _comparison_sections(tables: dict[str, Table], margin: float, confidence: fl
         "",
         f"How precisely each comparison was measured: its standard error and degrees of freedom, the half-width of "
         f"the {tost_level:.0%} interval TOST reads (a verdict at ±{margin:g} needs it well below {margin:g}), and the "
-        "minimum detectable difference: the smallest true LoRA − FullFT gap a two-sided 5% test finds with 80% "
-        "power; and what a verdict would cost: the seeds (same problems) with which TOST shows equivalence with 80% "
-        "power when LoRA and FullFT truly do not differ, projected from the comparison's seed and problem variances.",
+        f"minimum detectable difference: the smallest true LoRA − FullFT gap that the test behind \"different\" (the "
+        f"{confidence:.0%} interval excluding 0, a two-sided {1 - confidence:.0%} test) finds with 80% power; and "
+        "what a verdict would cost: the seeds (same problems) with which TOST shows equivalence with 80% power when "
+        "LoRA and FullFT truly do not differ, projected from the comparison's seed and problem variances (none where "
+        "the problems' variance alone is too large, which only more problems shrink).",
         "",
         power_markdown(tables["equivalence"].frame),
         "## The rank needed to match FullFT",

@@ -140,30 +140,49 @@ def variance_of_mean(diffs: np.ndarray) -> tuple[float, float]:
 MAX_PROJECTED_SEEDS = 1000  # seeds_for_equivalence gives up beyond this many
 
 
+def _tost_powered(se: float, df: float, margin: float, alpha: float, power: float) -> bool:
+    """TOST's power at a true 0 reaches power: both one-sided tests reject when margin / SE >= t(1 - alpha) +
+    t(1 - beta/2)."""
+    return margin >= (stats.t.ppf(1 - alpha, df) + stats.t.ppf(1 - (1 - power) / 2, df)) * se
+
+
+def _components(diffs: np.ndarray) -> tuple[float, float, float]:
+    """Seed and problem variance of D[s, p] = theta + a_s + b_p + e_sp, floored at 0, and the residual mean square
+    (Searle et al., ch. 4)."""
+    n_seeds, n_problems = diffs.shape
+    ms_seed, ms_problem, ms_residual = _mean_squares(diffs)
+    return max(0.0, (ms_seed - ms_residual) / n_problems), max(0.0, (ms_problem - ms_residual) / n_seeds), ms_residual
+
+
 def seeds_for_equivalence(diffs: np.ndarray, margin: float, alpha: float = 0.05, power: float = 0.8,
                           max_seeds: int = MAX_PROJECTED_SEEDS) -> int | None:
     """The fewest seeds with which TOST at ±margin shows equivalence with the given power when the true
     difference is 0, on the same problems, projected from this matrix's variance components; None when more
-    than max_seeds would be needed (or only more problems would do)."""
+    than max_seeds would be needed (seeds_can_decide says whether any number would)."""
     n_seeds, n_problems = diffs.shape
     if n_seeds < 2 or n_problems < 2:
         return None
-    ms_seed, ms_problem, ms_residual = _mean_squares(diffs)
-    # Components of D[s, p] = theta + a_s + b_p + e_sp, floored at 0 (Searle et al., ch. 4).
-    seed_var = max(0.0, (ms_seed - ms_residual) / n_problems)
-    problem_var = max(0.0, (ms_problem - ms_residual) / n_seeds)
+    seed_var, problem_var, ms_residual = _components(diffs)
     for seeds in range(2, max_seeds + 1):
         terms = [(seed_var / seeds, seeds - 1), (problem_var / n_problems, n_problems - 1),
                  (ms_residual / (seeds * n_problems), (seeds - 1) * (n_problems - 1))]
         terms = [(v, df) for v, df in terms if v > 0]
         if not terms:  # no variance at all: the smallest study already decides
             return seeds
-        se = np.sqrt(sum(v for v, _ in terms))
-        df = _satterthwaite(terms)
-        # TOST's power at a true 0: both one-sided tests reject when margin / SE >= t(1 - alpha) + t(1 - beta/2).
-        if margin >= (stats.t.ppf(1 - alpha, df) + stats.t.ppf(1 - (1 - power) / 2, df)) * se:
+        if _tost_powered(np.sqrt(sum(v for v, _ in terms)), _satterthwaite(terms), margin, alpha, power):
             return seeds
     return None
+
+
+def seeds_can_decide(diffs: np.ndarray, margin: float, alpha: float = 0.05, power: float = 0.8) -> bool:
+    """Whether some number of seeds on these problems gives TOST that power at a true 0: as seeds grow, the seed
+    and residual terms vanish and the problems' own, at P - 1 degrees of freedom, is left; when it alone is too
+    large, only more problems decide."""
+    n_seeds, n_problems = diffs.shape
+    if n_seeds < 2 or n_problems < 2:
+        return False
+    _, problem_var, _ = _components(diffs)
+    return problem_var == 0 or _tost_powered(np.sqrt(problem_var / n_problems), n_problems - 1, margin, alpha, power)
 
 
 DIFFERENCE_RANGE = (-1.0, 1.0)  # a mean of differences of 0/1 results, such as two arms' pass@1, lies here

@@ -14,6 +14,7 @@ from .statistics import (
     minimum_detectable_difference,
     paired_diff,
     paired_differences,
+    seeds_can_decide,
     seeds_for_equivalence,
     shared_seeds,
     tost,
@@ -103,7 +104,8 @@ def equivalence_table(cells: Cells, margin: float, confidence: float = 0.95,
                       answers: pd.DataFrame | None = None) -> Table:
     """Per regime and rank: LoRA minus FullFT final pass@1 with its crossed (seeds x problems) interval, the
     TOST verdict, and the power the comparison had: the half-width of the TOST interval and the minimum
-    detectable difference (5% two-sided, 80% power). answers: other per-problem answers to compare, in the
+    detectable difference (80% power, at the level of the test behind "different": two-sided, 1 - confidence),
+    and the seeds a powered TOST would need. answers: other per-problem answers to compare, in the
     regimes they cover (stopping.py's at each cell's dev-chosen step); unset, every cell's final ones."""
     compared = regimes(cells) if answers is None else [r for r in regimes(cells) if r in set(answers["regime"])]
     answers = final_answers(cells) if answers is None else answers
@@ -120,8 +122,8 @@ def equivalence_table(cells: Cells, margin: float, confidence: float = 0.95,
                 continue
             rows.append({**row, **comparison(lora, full, margin, confidence), "reason": ""})
     columns = ["regime", "rank", "arm", "estimate", "se", "df", "ci_low", "ci_high", "tost_low", "tost_high",
-               "tost_half_width", "mdd", "p_tost", "verdict", "seeds_needed", "n_pairs", "n_seeds", "n_problems",
-               "reason"]
+               "tost_half_width", "mdd", "p_tost", "verdict", "seeds_needed", "seeds_suffice", "n_pairs", "n_seeds",
+               "n_problems", "reason"]
     counts = ("rank", "seeds_needed", "n_pairs", "n_seeds", "n_problems")
     frame = pd.DataFrame(rows, columns=columns).astype(dict.fromkeys(counts, "Int64"))
     return Table(frame, _equivalence_markdown(frame, margin, confidence))
@@ -135,8 +137,9 @@ def comparison(a: pd.DataFrame, b: pd.DataFrame, margin: float, confidence: floa
     test = tost(diff, margin)
     return {"estimate": diff.estimate, "se": diff.se, "df": diff.df, "ci_low": diff.ci_low, "ci_high": diff.ci_high,
             "tost_low": test.ci_low, "tost_high": test.ci_high, "tost_half_width": (test.ci_high - test.ci_low) / 2,
-            "mdd": minimum_detectable_difference(diff), "p_tost": test.p_value, "verdict": test.verdict,
-            "seeds_needed": seeds_for_equivalence(diffs, margin, alpha=test.alpha),
+            "mdd": minimum_detectable_difference(diff, alpha=1 - confidence), "p_tost": test.p_value,
+            "verdict": test.verdict, "seeds_needed": seeds_for_equivalence(diffs, margin, alpha=test.alpha),
+            "seeds_suffice": seeds_can_decide(diffs, margin, alpha=test.alpha),
             "n_pairs": diff.n_pairs, "n_seeds": diff.n_seeds, "n_problems": diff.n_problems}
 
 
@@ -277,10 +280,24 @@ def power_markdown(equivalence: pd.DataFrame) -> str:
     if compared.empty:
         return "No LoRA arm was compared with FullFT.\n"
     lines = [[r.regime, r.arm, f"{r.se:.4f}", f"{r.df:.1f}", f"±{r.tost_half_width:.3f}", f"{r.mdd:.3f}",
-              f"> {MAX_PROJECTED_SEEDS}" if pd.isna(r.seeds_needed) else r.seeds_needed, r.n_seeds]
-             for r in compared.itertuples()]
+              _seeds_cell(r), r.n_seeds] for r in compared.itertuples()]
     return markdown_table(["regime", "arm", "SE", "df", "TOST interval half-width", "min. detectable difference",
                            "seeds for 80% TOST power at a true 0", "seeds run"], lines)
+
+
+def _seeds_cell(row) -> str:
+    """The power table's projected seeds: a count, more than the projection tries, or none where only more
+    problems would do."""
+    if not pd.isna(row.seeds_needed):
+        return str(row.seeds_needed)
+    return "none: more problems" if only_more_problems(row) else f"> {MAX_PROJECTED_SEEDS}"
+
+
+def only_more_problems(row) -> bool:
+    """Whether an equivalence row's projection found that no number of seeds decides it, only more problems (an
+    equivalence CSV written before seeds_suffice existed: not known, so no)."""
+    suffice = getattr(row, "seeds_suffice", True)
+    return not pd.isna(suffice) and not suffice
 
 
 def capability_markdown(table: pd.DataFrame) -> str:
