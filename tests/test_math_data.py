@@ -121,9 +121,16 @@ def test_held_out_problem_ids_that_repeat_are_refused_naming_the_source(tmp_path
     path = write_jsonl(tmp_path / "math500" / "test.jsonl", rows)
     with pytest.raises(ValueError, match=r"test\.jsonl: 1 problem id\(s\) repeat among the 3 held-out problems "
                                          r"\(e\.g\. 'test/prealgebra/1\.json'\)"):
-        heldout_problems(str(path), None, "{problem}", None, checker, log=lambda line: None)
-    assert len(heldout_problems(str(path), None, "{problem}", None, checker, count=2, log=lambda line: None)) == 2, \
+        heldout_problems("MATH", str(path), "{problem}", None, checker, log=lambda line: None)
+    assert len(heldout_problems("MATH", str(path), "{problem}", None, checker, count=2, log=lambda line: None)) == 2, \
         "only the problems the study evaluates need unique ids"
+
+
+def test_a_single_training_file_without_a_held_out_set_is_refused_rather_than_evaluated_on(tmp_path, checker):
+    path = write_jsonl(tmp_path / "math_train.jsonl", MATH_ROWS)  # one file holds one split: the training one
+    with pytest.raises(ValueError, match=r"math_train\.jsonl is a single file, one split, which training reads: set "
+                                         r"world\.heldout"):
+        heldout_problems(str(path), None, "{problem}", None, checker, log=lambda line: None)
 
 
 def test_prompt_substitution_keeps_latex_braces_in_template_and_problem(tmp_path):

@@ -220,3 +220,18 @@ def test_a_student_that_misses_its_target_stops_the_build_and_keeps_what_was_bui
         build_world(config, tmp_path, log=lambda line: None)
     built = set(json.loads((tmp_path / "manifest.json").read_text())["components"])
     assert built == {"problems", "control", "tokenizer", "teacher"}, "the teacher, built beside the student, is kept"
+
+
+@pytest.mark.parametrize("record, said", [
+    ({"problem_id": "p1", "prompt": "2 + 2 =", "answer": None}, "got prompt '2 + 2 =', answer None"),
+    ({"problem_id": "p1", "prompt": "2 + 2 =", "answer": ""}, "got prompt '2 + 2 =', answer ''"),
+    ({"problem_id": "p1", "prompt": 5, "answer": "4"}, "got prompt 5, answer '4'"),
+])
+def test_a_problem_without_a_text_prompt_or_a_gold_answer_is_refused_naming_its_line(tmp_path, record, said):
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps({"problem_id": "p0", "prompt": "1 + 1 =", "answer": "2"}) + "\n" + json.dumps(record))
+    with pytest.raises(ValueError) as caught:
+        read_problems(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}:2: problem 'p1' needs a text prompt and a gold answer") and said in message, \
+        message

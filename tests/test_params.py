@@ -40,7 +40,7 @@ def tiny(**changes) -> dict:
         *parents, leaf = dotted.split("__")
         node = data
         for key in parents:
-            node = node[key]
+            node = node.setdefault(key, {})
         if value is None:
             del node[leaf]
         else:
@@ -540,6 +540,10 @@ def test_a_sweep_cells_own_folder_carries_its_rate_and_parses_back_even_with_an_
     ({"world__control": None}, "regime sft trains on the SFT control's problems: set world.control"),
     ({"world__heldout": "outputs/elsewhere.jsonl", "cell__eval_split": "dev"},
      "eval_split dev reads the mini world's dev.jsonl; with world.heldout set"),
+    ({"data__prompt_template": "{problem}", "cell__eval_split": "dev"},
+     "MATH-schema data (data.prompt_template set) has no dev split, so the cell would score its test split"),
+    ({"data__prompt_template": "{problem}", "cell__dev_problems": 10},
+     "MATH-schema data (data.prompt_template set) has no dev split, so the cell would score its test split"),
 ])
 def test_settings_no_cell_can_run_together_stop_the_profile_before_any_work(tmp_path, changes, said):
     assert said in error_of(tmp_path, tiny(**changes))

@@ -19,7 +19,7 @@ class Verdict(str, Enum):
 
     CORRECT = "correct"
     WRONG = "wrong"
-    UNPARSABLE = "unparsable"  # no answer could be extracted from the completion
+    UNPARSABLE = "unparsable"  # no answer could be extracted from the completion (or the parser crashed on it)
     TIMEOUT = "timeout"
 
 

@@ -36,6 +36,9 @@ def heldout_problems(
         source = Path(heldout) if heldout else Path(problems) / f"{split}.jsonl"
         found = read_problems(source)
     else:  # a separate held-out dataset has one default config; the training dataset's test split has subsets
+        if heldout is None and Path(problems).expanduser().is_file():
+            raise ValueError(f"{problems} is a single file, one split, which training reads: set world.heldout to the "
+                             "held-out problems, or the study would evaluate on its training problems")
         source = heldout or problems
         found = _math_problems(source, "test", prompt_template, None if heldout else subsets, checker, log)
     what = "held-out" if split == "heldout" else split

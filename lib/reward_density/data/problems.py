@@ -46,4 +46,7 @@ def read_problems(path: Path) -> list[Problem]:
                                         row.get("question", ""), row.get("solution", "")))
             except (json.JSONDecodeError, KeyError, TypeError) as error:
                 raise ValueError(f"{path}:{line_number}: not a problem record ({error!r})") from error
+            if not isinstance(row["prompt"], str) or row["answer"] in (None, "") or isinstance(row["answer"], bool):
+                raise ValueError(f"{path}:{line_number}: problem {row['problem_id']!r} needs a text prompt and a gold "
+                                 f"answer; got prompt {row['prompt']!r}, answer {row['answer']!r}")
     return problems

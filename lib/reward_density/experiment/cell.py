@@ -102,10 +102,8 @@ def load_problem_splits(config: CellConfig, checker: AnswerChecker) -> tuple[lis
 
 def load_dev_problems(config: CellConfig, checker: AnswerChecker) -> list[Problem]:
     """The first dev_problems of the mini world's dev split (of the control's, for the SFT control); none unset."""
-    if config.dev_problems is None:
+    if config.dev_problems is None:  # CellConfig refuses dev_problems for MATH-schema data, which has no dev split
         return []
-    if config.prompt_template is not None:
-        raise ValueError("dev_problems reads a mini-world folder's dev.jsonl; a MATH-schema profile has no dev split")
     source = config.control if config.regime == SFT else config.problems
     return heldout_problems(source, None, None, None, checker, count=config.dev_problems, split="dev")
 

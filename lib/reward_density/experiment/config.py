@@ -227,6 +227,10 @@ class CellConfig:
         if self.heldout is not None and self.eval_split == "dev":
             raise ValueError("eval_split dev reads the mini world's dev.jsonl; with world.heldout set the cell would "
                              "evaluate on that held-out set instead: unset one of them")
+        if self.prompt_template is not None and (self.eval_split == "dev" or self.dev_problems is not None):
+            raise ValueError("eval_split dev and dev_problems read a mini-world folder's dev.jsonl; MATH-schema data "
+                             "(data.prompt_template set) has no dev split, so the cell would score its test split: "
+                             "unset them")
         if self.regime == SFT and self.control is None:
             raise ValueError("regime sft trains on the SFT control's problems: set world.control")
         if self.dev_problems is not None and self.eval_split == "dev":
