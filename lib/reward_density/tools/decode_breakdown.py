@@ -15,7 +15,7 @@ study's, and the eager step is profiled (kernels per token, their device time, t
 CPU there are no graphs and the steps run eagerly: that is the check CI runs, not a measurement.
 
     python -m reward_density.tools.decode_breakdown --out decode.json              # on a GPU
-    python -m reward_density.tools.decode_breakdown --scale tiny --device cpu     # the check CI runs
+    python -m reward_density.tools.decode_breakdown --scale tiny --device cpu     # tiny models (CI: shorter still)
 """
 from __future__ import annotations
 
@@ -214,7 +214,7 @@ def format_table(report: dict[str, Any]) -> str:
 def parse_args(argv: Sequence[str] | None = None) -> tuple[BreakdownConfig, Path | None]:
     """The BreakdownConfig (defaults from the dataclass) and the JSON path from the command line."""
     defaults = BreakdownConfig()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", default=defaults.scale, choices=sorted(SCALES))
     parser.add_argument("--device", type=parse_device, default=defaults.device)
     for name in ("tokens", "warmup", "prompt_tokens", "seed"):

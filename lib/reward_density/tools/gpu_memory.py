@@ -154,7 +154,7 @@ def memory_table(cell: dict[str, Any], ranks: Sequence[int | None]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> str:
     """Print the estimate for a profile's cell settings (default: the paper profile)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="paper")
     args = parser.parse_args(argv)
     profile = load_profile(find_profile(args.profile))

@@ -83,7 +83,7 @@ def tcp_port(value: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Write the default-viewer override, then become JupyterLab (exec: a signal to this process reaches it)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=tcp_port, default=None,
                         help="serve on this port (default: Jupyter's, 8888 or the next free)")
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser (print the URL only)")

@@ -5,9 +5,10 @@ keeps the measurement that weighed them reproducible. bf16 and compile replace t
 completions (the training forward and the reference pass, grpo/stacked.py), leaving sampling as it is;
 compiled-decode replaces sampling's per-token step with a compiled one (CompiledDecoder), leaving scoring as it is.
 Every lever is timed in one run between two runs of the plain fp32 step (fp32, lever, fp32, lever, ..., fp32), on
-the benchmark's random Qwen3 and settings (tools/benchmark.py), one CPU thread, CPU-seconds, median over the timed
-steps after a warmup; its speed-up is over the mean of the two plain runs beside it. Compiling shows as the set-up
-and warm-up CPU-seconds beyond the plain step's.
+the benchmark's random Qwen3 and settings (tools/benchmark.py; given --student and --problems, a world's student
+on its training prompts), one CPU thread, CPU-seconds, median over the timed steps after a warmup; its speed-up is
+over the mean of the two plain runs beside it. Compiling shows as the set-up and warm-up CPU-seconds beyond the
+plain step's.
 
     python -m reward_density.tools.levers [--steps N] ... [--levers bf16,compile] [--out FILE.json]
 """
@@ -211,7 +212,7 @@ def format_table(report: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     """Time the levers, print the table, write the JSON report when asked."""
-    parser = bench_parser(__doc__.splitlines()[0])
+    parser = bench_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--levers", default=",".join(LEVERS[1:]),
                         help=f"comma-separated, some of {', '.join(LEVERS)} (fp32 is timed first and after each)")
     config, args = parse_bench(parser, argv)

@@ -58,11 +58,13 @@ class StepTimer(TrainerCallback):
     def __init__(self, clock: Callable[[], float] = time.process_time, device: str = "cpu") -> None:
         self.clock, self.device, self.seconds, self._start = clock, device, [], 0.0
 
-    def on_step_begin(self, args, state, control, **kwargs):
+    def on_step_begin(self, args, state, control, **kwargs) -> None:
+        """Read the clock as an optimizer step starts."""
         synchronize(self.device)
         self._start = self.clock()
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        """Record the step's seconds."""
         synchronize(self.device)
         self.seconds.append(self.clock() - self._start)
 
@@ -113,7 +115,7 @@ def parse_device(text: str) -> str:
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise argparse.ArgumentTypeError(
             f"{text!r}: torch {torch.__version__} sees {torch.cuda.device_count()} CUDA device(s) here; on a machine "
-            "without a GPU, '--scale tiny --device cpu' runs the small check CI runs")
+            "without a GPU, '--scale tiny --device cpu' runs it on tiny models (a check, not a measurement)")
     return text
 
 

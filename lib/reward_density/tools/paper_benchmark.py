@@ -8,7 +8,7 @@ length cap: the step's worst case, the one the floor assumes. Every other settin
 Everything sits on one device (the paper's profile puts the teacher and the PRM on a second GPU).
 
     python -m reward_density.tools.paper_benchmark --out paper_bench.json        # on a GPU
-    python -m reward_density.tools.paper_benchmark --scale tiny --device cpu      # the check CI runs
+    python -m reward_density.tools.paper_benchmark --scale tiny --device cpu      # tiny models (CI: shorter still)
     python -m reward_density.tools.paper_benchmark --decoder compiled ...         # levers' compiled decode step
 """
 from __future__ import annotations
@@ -34,6 +34,7 @@ import torch
 import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
 from torch.autograd import DeviceType
+from torch.autograd.profiler_util import EventList
 from torch.profiler import ProfilerActivity, profile
 from transformers import MistralConfig, PreTrainedTokenizerFast, Qwen3Config
 
@@ -44,6 +45,7 @@ from ..experiment.config import CellConfig
 from ..experiment.profiles import cell_config, find_profile, load_profile
 from ..grpo import sampler
 from ..grpo.cuda_graph import GraphedDecoder
+from ..grpo.policy import Policy
 from ..grpo.precision import autocast, frozen_dtype
 from ..grpo.qwen3 import supports
 from ..grpo.rollout import Rollout
@@ -104,7 +106,7 @@ class PaperBenchConfig:
     device: str = "cuda"
     ranks: tuple[int | None, ...] = (1, None, 256)  # None: FullFT
     regimes: tuple[str, ...] = REGIMES
-    steps: int = 1  # timed steps per arm and regime, after one short warmup step per regime
+    steps: int = 1  # timed steps per arm and regime, after two short warm-up steps per regime (WARMUP_TOKENS)
     trl_ranks: tuple[int | None, ...] = (1, None)  # each timed right after our step of the same arm
     trl_steps: int = 1  # timed TRL steps per arm after one warmup step; 0: time that first step alone
     max_new_tokens: int | None = None  # None: the profile's cap
@@ -321,7 +323,7 @@ def _graphs_compiled() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-def profile_decode(policy, world: World, step: StepConfig, config: PaperBenchConfig) -> dict[str, Any]:
+def profile_decode(policy: Policy, world: World, step: StepConfig, config: PaperBenchConfig) -> dict[str, Any]:
     """A sampled token's time, eager and replayed as a CUDA graph (the same on a CPU), and whether they agree.
 
     For each, the wall time per token; for the eager decode, also its ATen calls, kernels and the device's kernel time
@@ -363,7 +365,7 @@ def _profiled_decode(policy, world: World, step: StepConfig, sampling: SamplingC
     return timed | profile_per_token(profiler.key_averages()), rollout
 
 
-def profile_per_token(events) -> dict[str, Any]:
+def profile_per_token(events: EventList) -> dict[str, Any]:
     """ATen calls, kernels and kernel ms per profiled token, and the kernels that took the most device time.
 
     Device time is summed over the device's own events only, as torch.profiler's table does: the ATen call that
@@ -399,7 +401,7 @@ def _timed_step(policy, optimizer, world: World, regime: str, step: StepConfig, 
 # ------------------------------------------------------------------------------------ TRL
 
 
-def time_trl(world: World, cell: CellConfig, config: PaperBenchConfig, workdir: Path) -> dict[str, list]:
+def time_trl(world: World, cell: CellConfig, config: PaperBenchConfig, workdir: Path) -> dict[str, Any]:
     """Wall seconds of TRL GRPOTrainer optimizer steps of one arm on the same model shape, prompts and settings.
 
     TRL loads its policy (and its FullFT reference) from a folder: the random student is saved there first.
@@ -421,7 +423,7 @@ def time_trl(world: World, cell: CellConfig, config: PaperBenchConfig, workdir: 
         gradient_checkpointing=cell.gradient_checkpointing, per_device_train_batch_size=micro,
         gradient_accumulation_steps=rows // micro, num_generations=cell.group_size,
         max_completion_length=cell.max_new_tokens, temperature=cell.temperature, top_p=cell.top_p, beta=cell.beta,
-        loss_type="bnpo", learning_rate=cell.learning_rate, lr_scheduler_type="constant",
+        loss_type="bnpo", use_bias_correction_kl=False, learning_rate=cell.learning_rate, lr_scheduler_type="constant",
         weight_decay=cell.weight_decay, max_grad_norm=cell.max_grad_norm, max_steps=1 + config.trl_steps,
         seed=config.seed, report_to=[], logging_strategy="no", save_strategy="no", disable_tqdm=True,
     )
@@ -584,7 +586,7 @@ def _decode_lines(arm: str, profiled: dict[str, Any]) -> list[str]:
 def parse_args(argv: Sequence[str] | None = None) -> tuple[PaperBenchConfig, Path | None]:
     """The PaperBenchConfig (defaults from the dataclass) and the JSON path from the command line."""
     defaults = PaperBenchConfig()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", default=defaults.scale, choices=sorted(SCALES))
     parser.add_argument("--device", type=parse_device, default=defaults.device)
     for name in ("steps", "trl_steps", "max_new_tokens", "prompt_tokens", "seed"):
