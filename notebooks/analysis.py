@@ -158,8 +158,9 @@ print(dynamics.collapse_table(cells).markdown)
 # ## Pass@1 vs rank
 #
 # One panel per regime: LoRA's final pass@1 against rank (log scale), FullFT's mean with a ±1 sd band, the
-# base as a dashed line. If the needed rank grows with density, the LoRA curve should reach the FullFT band
-# at higher ranks for denser rewards (outcome < process < distillation).
+# base as a dashed line; the process panel adds the peak pass@1 (dotted), since process may collapse. If the
+# needed rank grows with density, the LoRA curve should reach the FullFT band at higher ranks for denser
+# rewards (outcome < process < distillation).
 
 # %%
 plots.plot_pass1_vs_rank(cells, figures / "pass1_vs_rank.png");
@@ -207,7 +208,7 @@ display(Image(figures / "pass1_over_training.png"))
 print(kl.kl_table(cells, confidence).markdown)
 
 # %%
-plots.plot_kl_vs_rank(cells, figures / "kl_vs_rank.png");
+plots.plot_kl_vs_rank(cells, figures / "kl_vs_rank.png", confidence);
 display(Image(figures / "kl_vs_rank.png"))
 
 # %% [markdown]

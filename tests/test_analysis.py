@@ -9,7 +9,7 @@ from matplotlib.colors import to_hex
 from scipy import stats
 
 from reward_density.analysis.load import DamagedCell, arms, load_cells, regimes
-from reward_density.analysis.plots import FIGURES, VERDICT_COLORS, plot_equivalence
+from reward_density.analysis.plots import FIGURES, VERDICT_COLORS, plot_equivalence, plot_pass1_vs_rank
 from reward_density.analysis.report import completion_tokens, matrix_counts, seeds_phrase, write_report
 from reward_density.analysis.stopping import answers_at_chosen_steps, chosen_steps, chosen_table
 from reward_density.analysis.tables import (
@@ -261,6 +261,14 @@ def test_one_seed_without_fullft_still_reports(tmp_path):
     report = write_report(cells, tmp_path / "analysis", margin=0.05, profile_name="tiny")
     assert "skipped: no finished FullFT" in report.read_text()
     assert all((tmp_path / "analysis" / "figures" / f"{f}.png").is_file() for f in FIGURES)
+
+
+def test_the_pass1_figure_promises_an_sd_band_only_where_it_draws_one(tmp_path):
+    for rank in (1, None):
+        write_cell(tmp_path, "outcome", rank, 0, 5)
+    figure = plot_pass1_vs_rank(load_cells(tmp_path), tmp_path / "pass1.png")
+    labels = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
+    assert "FullFT" in labels and not any("sd" in label for label in labels if label != "LoRA"), labels
 
 
 def test_fullft_without_shared_seed_is_skipped_with_reason(tmp_path):

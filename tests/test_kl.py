@@ -40,9 +40,14 @@ def test_the_arm_kl_is_the_seed_mean_with_a_t_interval_and_cells_without_kl_are_
     assert row["kl"] == pytest.approx(0.03) and row["high"] - row["kl"] == pytest.approx(half, rel=1e-3)
 
 
-def test_the_kl_figure_is_written(cells, tmp_path):
-    plot_kl_vs_rank(cells, tmp_path / "kl.png")
+def test_the_kl_figure_draws_the_tables_interval_at_the_level_asked_and_says_it(cells, tmp_path):
+    figure = plot_kl_vs_rank(cells, tmp_path / "kl.png", confidence=0.9)
     assert (tmp_path / "kl.png").stat().st_size > 0
+    [ax] = figure.axes
+    assert "LoRA (90% interval over seeds)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    row = kl_table(cells, 0.9).frame.set_index("arm").loc["r1"]
+    bar = ax.collections[0]  # LoRA's error bar, drawn first
+    assert bar.get_segments()[0][:, 1] == pytest.approx([row["low"], row["high"]]), "not the 90% interval"
 
 
 def study(root, finals: dict):

@@ -55,7 +55,8 @@ def _empty(ax, message: str) -> None:
 
 
 def plot_pass1_vs_rank(cells: Cells, path: str | Path) -> Figure:
-    """Per regime: final pass@1 (mean ± sd) vs LoRA rank, FullFT mean ± sd band, base dashed."""
+    """Per regime: final pass@1 (mean ± sd) vs LoRA rank, FullFT mean ± sd band, base dashed; the process panel also
+    shows the peak pass@1 (dotted, FullFT without a band)."""
     table = accuracy_table(cells).frame
     fig, axes = _panels(len(regimes(cells)), sharey=True)
     for ax, regime in zip(axes, regimes(cells)):
@@ -69,8 +70,7 @@ def plot_pass1_vs_rank(cells: Cells, path: str | Path) -> Figure:
             if not lora.empty:
                 ax.errorbar(lora["arm"].str[1:].astype(int), lora["mean"], yerr=lora["sd"].fillna(0),
                             fmt="os"[i] + style, color=f"C{i}", capsize=3, label=f"LoRA{suffix}")
-            _hline(ax, of_row[of_row["arm"] == "full"], "k", style, f"FullFT{suffix}" + (" ± sd" if i == 0 else ""),
-                   band=i == 0)
+            _hline(ax, of_row[of_row["arm"] == "full"], "k", style, f"FullFT{suffix}", band=i == 0)
         _hline(ax, rows[rows["arm"] == "base"].head(1), "grey", "--", "base", band=False)
         _rank_axis(ax, ranks(cells))
         ax.set(title=regime, xlabel="LoRA rank", ylabel="greedy pass@1")
@@ -91,12 +91,13 @@ def _rank_axis(ax, ranks_: list[int]) -> None:
 
 
 def _hline(ax, row: pd.DataFrame, color: str, style: str, label: str, band: bool) -> None:
-    """A horizontal reference line at a mean, with a ±1 sd band if asked and available."""
+    """A horizontal reference line at a mean, with a ±1 sd band if asked and available (one seed has no sd)."""
     if row.empty:
         return
     mean, sd = float(row["mean"].iloc[0]), float(row["sd"].iloc[0])
-    ax.axhline(mean, color=color, linestyle=style, label=label)
-    if band and np.isfinite(sd):
+    band = band and np.isfinite(sd)
+    ax.axhline(mean, color=color, linestyle=style, label=label + (" ± sd" if band else ""))
+    if band:
         ax.axhspan(mean - sd, mean + sd, color=color, alpha=0.12)
 
 
@@ -167,9 +168,10 @@ def plot_pass1_over_training(cells: Cells, path: str | Path) -> Figure:
     return _save(fig, path)
 
 
-def plot_kl_vs_rank(cells: Cells, path: str | Path) -> Figure:
-    """Per regime: end-of-training KL to the reference vs LoRA rank (log-log), FullFT as its own point, 95% CI."""
-    table = kl_table(cells).frame
+def plot_kl_vs_rank(cells: Cells, path: str | Path, confidence: float = 0.95) -> Figure:
+    """Per regime: end-of-training KL to the reference vs LoRA rank (log-log), FullFT as its own point, each with
+    its t interval over seeds at this confidence."""
+    table = kl_table(cells, confidence).frame
     shown = [r for r in regimes(cells) if r in set(table["regime"])]
     fig, axes = _panels(max(len(shown), 1), sharey=True)
     if not shown:
@@ -182,7 +184,7 @@ def plot_kl_vs_rank(cells: Cells, path: str | Path) -> Figure:
         lora = rows[rows["arm"] != "full"]
         errors = np.vstack([lora["kl"] - lora["low"], lora["high"] - lora["kl"]])
         ax.errorbar(lora["arm"].str[1:].astype(int), lora["kl"], yerr=np.nan_to_num(errors), fmt="o-", capsize=3,
-                    label="LoRA")
+                    label=f"LoRA ({confidence:.0%} interval over seeds)")
         full = rows[rows["arm"] == "full"]
         if not full.empty:
             ax.errorbar([full_x], full["kl"], yerr=np.nan_to_num([full["kl"] - full["low"], full["high"] - full["kl"]]),

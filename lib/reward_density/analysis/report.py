@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 from ..experiment import cell_folder
@@ -11,7 +12,7 @@ from .capacity import BITS_PER_PARAMETER, capacity_table
 from .dynamics import collapse_table, plateau_table
 from .kl import END_FRACTION, ESTIMATOR, kl_table
 from .load import Cells, arm_name, arms, ranks, world_entries
-from .plots import FIGURES, plot_equivalence, plot_rank_needed
+from .plots import FIGURES, plot_equivalence, plot_kl_vs_rank, plot_rank_needed
 from .rank_needed import rank_needed_table
 from .speed import speed_markdown
 from .stopping import answers_at_chosen_steps, chosen_table
@@ -161,7 +162,7 @@ def write_report(cells: Cells, out_dir: str | Path, margin: float, confidence: f
     plot_rank_needed(tables["equivalence"].frame, out / "figures" / f"{RANK_NEEDED_FIGURE}.png")
     if "equivalence_chosen" in tables:
         plot_rank_needed(tables["equivalence_chosen"].frame, out / "figures" / f"{RANK_NEEDED_FIGURE}_chosen.png")
-    for name, plot in FIGURES.items():
+    for name, plot in {**FIGURES, "kl_vs_rank": partial(plot_kl_vs_rank, confidence=confidence)}.items():
         plot(cells, out / "figures" / f"{name}.png")
     report = out / "report.md"
     report.write_text("\n".join([*_header(cells, profile_name, planned),
