@@ -44,7 +44,7 @@ def test_the_kl_figure_draws_the_tables_interval_at_the_level_asked_and_says_it(
     figure = plot_kl_vs_rank(cells, tmp_path / "kl.png", confidence=0.9)
     assert (tmp_path / "kl.png").stat().st_size > 0
     [ax] = figure.axes
-    assert "LoRA (90% interval over seeds)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert ax.get_legend().get_title().get_text() == "mean, 90% interval over seeds"
     row = kl_table(cells, 0.9).frame.set_index("arm").loc["r1"]
     bar = ax.collections[0]  # LoRA's error bar, drawn first
     assert bar.get_segments()[0][:, 1] == pytest.approx([row["low"], row["high"]]), "not the 90% interval"

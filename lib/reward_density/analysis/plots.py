@@ -184,7 +184,7 @@ def plot_kl_vs_rank(cells: Cells, path: str | Path, confidence: float = 0.95) ->
         lora = rows[rows["arm"] != "full"]
         errors = np.vstack([lora["kl"] - lora["low"], lora["high"] - lora["kl"]])
         ax.errorbar(lora["arm"].str[1:].astype(int), lora["kl"], yerr=np.nan_to_num(errors), fmt="o-", capsize=3,
-                    label=f"LoRA ({confidence:.0%} interval over seeds)")
+                    label="LoRA")
         full = rows[rows["arm"] == "full"]
         if not full.empty:
             ax.errorbar([full_x], full["kl"], yerr=np.nan_to_num([full["kl"] - full["low"], full["high"] - full["kl"]]),
@@ -194,7 +194,7 @@ def plot_kl_vs_rank(cells: Cells, path: str | Path, confidence: float = 0.95) ->
         ticks = ranks_ + [full_x]
         ax.set_xticks(ticks, [str(r) for r in ranks_] + ["full"])
         ax.set(title=regime, xlabel="LoRA rank", ylabel="KL(π‖π_ref), last 10% of steps")
-        ax.legend(fontsize=7)
+        ax.legend(title=f"mean, {confidence:.0%} interval over seeds", fontsize=7, title_fontsize=7)
     return _save(fig, path)
 
 
