@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..data.answer_check import AnswerChecker, Verdict, last_integer
+from ..data.answer_check import Checker, Verdict, last_integer
 from ..data.math_data import last_boxed
 from ..data.problems import Problem, read_problems
 from ..data.steps import split_steps, step_end_tokens
@@ -36,7 +36,7 @@ class RewardTrace:
     verdicts: list[Verdict]
 
 
-def trace_rewards(rollout: Rollout, rewards: dict[str, RewardModule], checker: AnswerChecker, advantage_eps: float,
+def trace_rewards(rollout: Rollout, rewards: dict[str, RewardModule], checker: Checker, advantage_eps: float,
                   grouped: bool = True) -> RewardTrace:
     """Every reward's deposits and, for rows that form GRPO groups, their advantages (the loss's inputs,
     paper Eq. 3-4); the outcome checker's verdicts."""

@@ -249,9 +249,10 @@ class LastIntegerChecker:
 
 
 ANSWER_FORMATS = ("boxed", "last_integer")
+Checker = AnswerChecker | LastIntegerChecker  # what make_checker returns: one answer format's checker
 
 
-def make_checker(answer_format: str) -> AnswerChecker | LastIntegerChecker:
+def make_checker(answer_format: str) -> Checker:
     """The checker of a task's answer format: math-verify on a \\boxed{} answer, or the last integer."""
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"unknown answer format {answer_format!r}; expected one of {ANSWER_FORMATS}")

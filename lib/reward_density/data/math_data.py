@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .answer_check import AnswerChecker
+from .answer_check import Checker
 from .problems import Problem
 from .sources import is_local
 
@@ -160,8 +160,8 @@ def load_math_problems(
     return problems, MathLoadReport(source, split, rows, len(problems), no_gold)
 
 
-def drop_unparsable(problems: Sequence[Problem], checker: AnswerChecker) -> tuple[list[Problem], list[Problem]]:
-    """(kept, dropped): the problems whose gold math-verify can parse, and the others."""
+def drop_unparsable(problems: Sequence[Problem], checker: Checker) -> tuple[list[Problem], list[Problem]]:
+    """(kept, dropped): the problems whose gold the checker can read, and the others."""
     bad = set(checker.unparsable_golds([problem.answer for problem in problems]))
     kept = [problem for problem in problems if problem.answer not in bad]
     dropped = [problem for problem in problems if problem.answer in bad]

@@ -10,14 +10,14 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .answer_check import AnswerChecker
+from .answer_check import Checker
 from .problems import Problem, read_problems
 
 TRAIN_FILE = "train.jsonl"  # in a mini-world problems folder: the problems training prompts are drawn from
 
 
 def training_problems(
-    problems: str, prompt_template: str | None, subsets: Sequence[str] | None, checker: AnswerChecker,
+    problems: str, prompt_template: str | None, subsets: Sequence[str] | None, checker: Checker,
     log: Callable[[str], None] = print,
 ) -> list[Problem]:
     """The problems training prompts are drawn from."""
@@ -28,7 +28,7 @@ def training_problems(
 
 def heldout_problems(
     problems: str, heldout: str | None, prompt_template: str | None, subsets: Sequence[str] | None,
-    checker: AnswerChecker, count: int | None = None, log: Callable[[str], None] = print, split: str = "heldout",
+    checker: Checker, count: int | None = None, log: Callable[[str], None] = print, split: str = "heldout",
 ) -> list[Problem]:
     """The fixed held-out set: the first `count` problems (all when None) of `heldout`, else of `problems`
     (a mini-world folder: its `split`, heldout for the study or dev for choosing settings)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..data.answer_check import AnswerChecker
+from ..data.answer_check import Checker
 from ..data.problems import Problem
 from ..grpo.precision import autocast
 from ..grpo.sampler import SamplingConfig
@@ -26,7 +26,7 @@ def capability_row(
     model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[Problem],
-    checker: AnswerChecker,
+    checker: Checker,
     sampling: SamplingConfig,
     ks: Sequence[int],
     seed: int,
@@ -60,7 +60,7 @@ def base_eval_key(config: CellConfig) -> str:
 
 
 def base_evaluation(config: CellConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
-                    heldout: Sequence[Problem], checker: AnswerChecker) -> tuple[float, list[dict]]:
+                    heldout: Sequence[Problem], checker: Checker) -> tuple[float, list[dict]]:
     """The base model's greedy pass@1 and rows: read from config.base_answers when its key is there, else
     evaluated now (and saved there, atomically: cells running side by side may both write it)."""
     path = None if config.base_answers is None else Path(config.base_answers) / f"base-{base_eval_key(config)}.json"

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..data.answer_check import AnswerChecker
+from ..data.answer_check import Checker
 from ..data.problem_sets import heldout_problems, training_problems
 from ..data.problems import Problem
 from ..data.sources import load_causal_lm, load_tokenizer
@@ -80,11 +80,11 @@ class CellInputs:
     tokenizer: Any
     student: torch.nn.Module
     reward: RewardModule | None  # None for the SFT control, which learns from solutions
-    checker: AnswerChecker
+    checker: Checker
     dev: list[Problem] = field(default_factory=list)  # scored beside the held-out set, to choose a step on
 
 
-def load_problem_splits(config: CellConfig, checker: AnswerChecker) -> tuple[list[Problem], list[Problem]]:
+def load_problem_splits(config: CellConfig, checker: Checker) -> tuple[list[Problem], list[Problem]]:
     """Training problems and the first eval_problems held-out problems (the same fixed set for every cell);
     the SFT control's come from the world's control skill, scored on every fact it teaches."""
     if config.regime == SFT:
@@ -100,7 +100,7 @@ def load_problem_splits(config: CellConfig, checker: AnswerChecker) -> tuple[lis
     return train, heldout
 
 
-def load_dev_problems(config: CellConfig, checker: AnswerChecker) -> list[Problem]:
+def load_dev_problems(config: CellConfig, checker: Checker) -> list[Problem]:
     """The first dev_problems of the mini world's dev split (of the control's, for the SFT control); none unset."""
     if config.dev_problems is None:  # CellConfig refuses dev_problems for MATH-schema data, which has no dev split
         return []
@@ -108,7 +108,7 @@ def load_dev_problems(config: CellConfig, checker: AnswerChecker) -> list[Proble
     return heldout_problems(source, None, None, None, checker, count=config.dev_problems, split="dev")
 
 
-def load_inputs(config: CellConfig, checker: AnswerChecker) -> CellInputs:
+def load_inputs(config: CellConfig, checker: Checker) -> CellInputs:
     """Load everything before training starts, so a missing model or dataset fails before any work."""
     train, heldout = load_problem_splits(config, checker)
     dev = load_dev_problems(config, checker)
@@ -119,7 +119,7 @@ def load_inputs(config: CellConfig, checker: AnswerChecker) -> CellInputs:
     return CellInputs(train, heldout, tokenizer, student, load_reward(config, checker, tokenizer), checker, dev)
 
 
-def load_reward(config: CellConfig, checker: AnswerChecker, tokenizer: Any) -> RewardModule | None:
+def load_reward(config: CellConfig, checker: Checker, tokenizer: Any) -> RewardModule | None:
     """The reward module of the cell's regime with the models it reads (None for the SFT control)."""
     if config.regime == SFT:
         return None

@@ -7,7 +7,7 @@ from math import comb
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..data.answer_check import AnswerChecker, Verdict
+from ..data.answer_check import Checker, Verdict
 from ..data.problems import Problem
 from ..grpo.qwen3 import Qwen3Weights
 from ..grpo.sampler import SamplingConfig, sample_rollout
@@ -55,7 +55,7 @@ def greedy_eval(
     model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[Problem],
-    checker: AnswerChecker,
+    checker: Checker,
     max_new_tokens: int,
     batch_size: int = 32,
 ) -> tuple[float, list[dict]]:
@@ -68,7 +68,7 @@ def greedy_eval_arms(
     model: torch.nn.Module | Qwen3Weights,
     tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[Problem],
-    checker: AnswerChecker,
+    checker: Checker,
     max_new_tokens: int,
     batch_size: int = 32,
 ) -> list[tuple[float, list[dict]]]:
@@ -82,7 +82,7 @@ def sampled_pass_at_k(
     model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[Problem],
-    checker: AnswerChecker,
+    checker: Checker,
     sampling: SamplingConfig,
     n_samples: int,
     ks: Sequence[int],

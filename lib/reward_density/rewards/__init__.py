@@ -24,7 +24,7 @@ def check_regime(regime: str) -> str:
 def build_reward(regime: str, **parts) -> RewardModule:
     """The reward module of a regime from the parts it needs.
 
-    outcome: checker (an AnswerChecker); process: prm_model, prm_tokenizer, student_tokenizer
+    outcome: checker (make_checker's); process: prm_model, prm_tokenizer, student_tokenizer
     (optionally prm_max_length); distillation: teacher, temperature. Optionally micro_batch_size, the
     rows per teacher or PRM forward pass.
     """

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..data.answer_check import AnswerChecker, Verdict
+from ..data.answer_check import Checker, Verdict
 from ..grpo.deposits import Deposits
 from ..grpo.rollout import Rollout
 
@@ -11,7 +11,7 @@ from ..grpo.rollout import Rollout
 class OutcomeReward:
     """1.0 if the completion's answer matches the gold, else 0.0, deposited on its last valid token."""
 
-    def __init__(self, checker: AnswerChecker) -> None:
+    def __init__(self, checker: Checker) -> None:
         self.checker = checker
 
     def __call__(self, rollout: Rollout) -> Deposits:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..data.answer_check import AnswerChecker, LastIntegerChecker, make_checker
+from ..data.answer_check import Checker, make_checker
 from ..data.problems import Problem, read_problems, write_problems
 from ..data.sources import load_causal_lm, load_tokenizer
 from ..experiment.evaluation import greedy_eval
@@ -218,7 +218,7 @@ class _Context:
 
     config: WorldConfig
     out_dir: Path
-    checker: AnswerChecker | LastIntegerChecker
+    checker: Checker
 
     def problems(self, split: str, folder: str = "problems") -> list[Problem]:
         return read_problems(self.out_dir / folder / f"{split}.jsonl")

@@ -9,7 +9,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from ..data.answer_check import AnswerChecker, Verdict
+from ..data.answer_check import Checker, Verdict
 from ..data.problems import Problem
 from ..data.steps import split_steps
 from ..grpo.sampler import SamplingConfig, sample_rollout
@@ -54,7 +54,7 @@ def label_steps(
     completer: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
     solutions: Sequence[tuple[Problem, str]],
-    checker: AnswerChecker,
+    checker: Checker,
     config: LabellingConfig,
     seed: int,
 ) -> list[LabelledSolution]:
