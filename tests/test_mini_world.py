@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, MistralForCausalLM, Qwen3ForCausalLM
 
-from reward_density.data.answer_check import AnswerChecker, Verdict
+from reward_density.data.answer_check import AnswerChecker, LastIntegerChecker, Verdict
+from reward_density.data.problem_sets import training_problems
 from reward_density.data.problems import read_problems
 from reward_density.data.sources import load_causal_lm, load_tokenizer
 from reward_density.data.steps import split_steps
@@ -235,3 +236,14 @@ def test_a_problem_without_a_text_prompt_or_a_gold_answer_is_refused_naming_its_
     message = str(caught.value)
     assert message.startswith(f"{path}:2: problem 'p1' needs a text prompt and a gold answer") and said in message, \
         message
+
+
+def test_a_gold_the_checker_cannot_read_stops_the_load_naming_its_file_and_problem(tmp_path):
+    folder = tmp_path / "problems"
+    folder.mkdir()
+    rows = [{"problem_id": f"p{i}", "prompt": f"{i} + 1 =", "answer": str(i + 1)} for i in range(3)]
+    rows[1]["answer"] = "two"
+    (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(ValueError, match=r"train\.jsonl: the checker cannot read the gold answer of 1 problem\(s\) "
+                                         r"\(p1: 'two'\)"):
+        training_problems(str(folder), None, None, LastIntegerChecker())

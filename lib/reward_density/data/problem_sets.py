@@ -22,7 +22,7 @@ def training_problems(
 ) -> list[Problem]:
     """The problems training prompts are drawn from."""
     if prompt_template is None:
-        return read_problems(Path(problems) / TRAIN_FILE)
+        return _readable(read_problems(Path(problems) / TRAIN_FILE), Path(problems) / TRAIN_FILE, checker)
     return _math_problems(problems, "train", prompt_template, subsets, checker, log)
 
 
@@ -34,7 +34,7 @@ def heldout_problems(
     (a mini-world folder: its `split`, heldout for the study or dev for choosing settings)."""
     if prompt_template is None:
         source = Path(heldout) if heldout else Path(problems) / f"{split}.jsonl"
-        found = read_problems(source)
+        found = _readable(read_problems(source), source, checker)
     else:  # a separate held-out dataset has one default config; the training dataset's test split has subsets
         if heldout is None and Path(problems).expanduser().is_file():
             raise ValueError(f"{problems} is a single file, one split, which training reads: set world.heldout to the "
@@ -50,6 +50,17 @@ def heldout_problems(
         raise ValueError(f"{source}: {len(repeated)} problem id(s) repeat among the {len(chosen)} {what} problems "
                          f"(e.g. {repeated[0]!r}); each must be unique, as answers are paired across arms by id")
     return chosen
+
+
+def _readable(problems: list[Problem], source: Path, checker: Checker) -> list[Problem]:
+    """A mini-world file's problems, refused when the checker cannot read a gold: at load, before any work, rather
+    than at the step that first samples the problem."""
+    bad = set(checker.unparsable_golds([problem.answer for problem in problems]))
+    named = [f"{problem.problem_id}: {problem.answer!r}" for problem in problems if problem.answer in bad]
+    if named:
+        raise ValueError(f"{source}: the checker cannot read the gold answer of {len(named)} problem(s) "
+                         f"({', '.join(named[:5])}{', ...' if len(named) > 5 else ''}); a data bug, not a wrong answer")
+    return problems
 
 
 def _math_problems(source, split, prompt_template, subsets, checker, log) -> list[Problem]:
