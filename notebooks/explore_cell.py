@@ -51,13 +51,14 @@ cell_curves(record);
 # %% [markdown]
 # ## Which problems it learned and which it forgot
 #
-# Each held-out problem's correctness at the first and the last evaluation. Learned: wrong before, right at
-# the end; forgotten: the reverse. A regime that trades some problems for others shows both.
+# Each held-out problem's correctness at the first and the last evaluation, on the problems both scored (a cell
+# still training may have last scored only its curve problems). Learned: wrong before, right at the end;
+# forgotten: the reverse. A regime that trades some problems for others shows both.
 
 # %%
 changes = problem_changes(record.answers)
 print(f"learned {int((changes['change'] > 0).sum())}, forgotten {int((changes['change'] < 0).sum())}, "
-      f"of {len(changes)} problems")
+      f"of {len(changes)} problems scored at both")
 display(changes.head(top))
 display(changes.tail(top))
 

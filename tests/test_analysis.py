@@ -8,6 +8,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
 from scipy import stats
 
+from reward_density.analysis.dynamics import is_plateau, last_quarter_share
 from reward_density.analysis.load import DamagedCell, arms, load_cells, regimes
 from reward_density.analysis.plots import FIGURES, VERDICT_COLORS, plot_equivalence, plot_pass1_vs_rank
 from reward_density.analysis.report import completion_tokens, matrix_counts, seeds_phrase, write_report
@@ -490,3 +491,13 @@ def test_the_report_adds_the_dev_chosen_comparison_when_cells_scored_dev_problem
     figure = tmp_path / "analysis" / "figures" / "rank_needed_chosen.png"
     assert "(figures/rank_needed_chosen.png)" in text and figure.is_file()
     assert set(chosen["verdict"]) <= {"equivalent", "different", "inconclusive"}
+
+
+def test_the_last_quarter_is_read_between_the_first_and_last_evaluation_never_at_the_last():
+    assert last_quarter_share(pd.Series([0.3, 0.5, 0.8], index=[0, 75, 100])) == (75, pytest.approx(0.6))
+    step, share = last_quarter_share(pd.Series([0.3, 0.8], index=[0, 100]))
+    assert step == 100 and np.isnan(share) and not is_plateau(share), "a curve with nothing between was a plateau"
+    step, share = last_quarter_share(pd.Series([0.3, 0.4, 0.8], index=[0, 30, 100]))
+    assert step == 30 and share == pytest.approx(0.8)
+    assert last_quarter_share(pd.Series([0.0, 0.5, 0.9, 1.0], index=[0, 70, 80, 100]))[0] == 70, \
+        "of two evaluations as near to 75%, the earlier: the window is never shorter than a quarter"

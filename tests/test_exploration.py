@@ -135,6 +135,16 @@ def test_learned_problems_come_first_and_forgotten_last():
     assert table["change"].tolist() == [1, 0, -1]
 
 
+def test_a_cell_still_training_compares_only_the_problems_its_last_evaluation_scored():
+    # Step 5 scored only the first three problems (its curve problems); 003-005 must not count as forgotten.
+    ids = [f"00{i}" for i in range(6)]
+    answers = pd.DataFrame({"step": [0] * 6 + [5] * 3, "problem_id": ids + ids[:3],
+                            "correct": [0, 1, 1, 1, 1, 1] + [1, 0, 1]})
+    table = problem_changes(answers)
+    assert table["problem_id"].tolist() == ["000", "002", "001"], table
+    assert table["change"].tolist() == [1, 0, -1]
+
+
 @pytest.mark.parametrize("value", [-1, 2.5, True, "5"])
 def test_a_count_that_is_not_a_whole_number_is_named(value):
     with pytest.raises(ValueError, match=f"top must be a whole number >= 0, got {value!r}"):

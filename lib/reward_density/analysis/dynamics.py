@@ -21,21 +21,25 @@ PLATEAU_REGIMES = ("outcome", "distillation")  # process may collapse; the SFT c
 
 
 def last_quarter_share(curve: pd.Series) -> tuple[int, float]:
-    """The evaluation step nearest 75% of a pass@1 curve's steps (indexed by step, starting at 0), and the
-    share of the total gain (final minus step 0) made after it; nan when there is no gain."""
+    """The evaluation step nearest 75% of a pass@1 curve's steps (indexed by step, starting at 0; the earlier of
+    two as near, so the window is never shorter than a quarter), and the share of the total gain (final minus
+    step 0) made after it; nan when there is no gain, or no evaluation between the first and the last to read."""
     final_step = curve.index.max()
-    quarter = curve.index[np.abs(curve.index - LAST_QUARTER * final_step).argmin()]
+    inside = curve.index[(curve.index > 0) & (curve.index < final_step)]
+    if inside.empty:  # the final step would be its own "75%", and any curve a plateau
+        return int(final_step), float("nan")
+    quarter = inside[np.abs(inside - LAST_QUARTER * final_step).argmin()]
     gain = curve[final_step] - curve[0]
     return int(quarter), (curve[final_step] - curve[quarter]) / gain if gain > 0 else float("nan")
 
 
 def is_plateau(share: float) -> bool:
     """Whether a last-quarter share counts as a plateau."""
-    return bool(share <= PLATEAU_SHARE)  # nan (no gain) is never a plateau
+    return bool(share <= PLATEAU_SHARE)  # nan (no gain, or nothing to read between first and last) is never one
 
 
 def share_text(share: float) -> str:
-    """A last-quarter share as a table shows it: a percentage, or a dash where the curve made no gain."""
+    """A last-quarter share as a table shows it: a percentage, or a dash where there is none (last_quarter_share)."""
     return "–" if np.isnan(share) else f"{share:.0%}"
 
 

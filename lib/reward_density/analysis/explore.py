@@ -35,15 +35,17 @@ def cell_curves(cell: OneCell) -> Figure:
 
 
 def problem_changes(answers: pd.DataFrame) -> pd.DataFrame:
-    """Per held-out problem: correct at the first and at the last evaluation, at how many evaluations it was
-    correct, and the change (+1 learned, -1 forgotten); learned first, forgotten last."""
+    """Per held-out problem scored at both the first and the last evaluation (a cell still training may have last
+    scored only its curve problems): correct at each, at how many evaluations it was correct, and the change (+1
+    learned, -1 forgotten); learned first, forgotten last."""
     if answers.empty:
         return pd.DataFrame(columns=["problem_id", "first", "last", "times_correct", "change"])
     first, last = answers["step"].min(), answers["step"].max()
     by_problem = answers.pivot_table(index="problem_id", columns="step", values="correct", aggfunc="first")
     table = pd.DataFrame({"first": by_problem[first], "last": by_problem[last],
                           "times_correct": by_problem.sum(axis=1).astype(int)})
-    table["change"] = table["last"] - table["first"]
+    table = table.dropna(subset=["first", "last"])
+    table["change"] = (table["last"] - table["first"]).astype(int)
     return table.sort_values(["change", "times_correct"], ascending=[False, False]).reset_index()
 
 
