@@ -16,7 +16,8 @@
 # without losing accuracy, while full fine-tuning without it drifts and may collapse. This notebook reads two
 # studies trained alike but for beta (the same world, arms, seeds, learning rates and held-out problems) and
 # pairs each arm's final answers across them. Their curves may score different numbers of problems between
-# the first and last evaluation (`curve_problems`), so a peak is read only on the problems both scored.
+# the first and last evaluation (`curve_problems`), so a peak is read only on the problems both scored, after
+# training began.
 
 # %% tags=["parameters"]
 profile = "mini_klfree"  # the study without the penalty (beta = 0)

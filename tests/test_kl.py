@@ -2,7 +2,7 @@
 import numpy as np
 import pandas as pd
 import pytest
-from test_analysis import write_cell
+from test_analysis import N_PROBLEMS, write_cell
 
 from reward_density.analysis.kl import final_kl, kl_table
 from reward_density.analysis.kl_free import ablation_table, with_without_kl, write_kl_comparison
@@ -88,3 +88,17 @@ def test_the_ablation_peak_is_taken_over_the_problems_both_studies_scored_at_eve
     assert peaks["without KL"] == pytest.approx(1.0), "the peak must not read problems the other study never scored"
     assert peaks["with KL"] == pytest.approx(1.0)
     assert "peak pass@1 (5 problems)" in table.markdown, "the table must say how many problems its peak reads"
+
+
+def test_the_kl_tables_means_are_over_the_rows_its_difference_pairs(tmp_path):
+    kept = study(tmp_path / "with", {4: [5, 5]})
+    dropped = study(tmp_path / "without", {4: [6, 6, 1]})  # a third seed the other study did not run
+    row = with_without_kl(kept, dropped, margin=0.05).frame.iloc[0]
+    assert row["without_kl"] - row["with_kl"] == pytest.approx(row["estimate"]), row
+
+
+def test_the_ablations_peak_is_the_peak_of_training_not_the_base(tmp_path):
+    kept = study(tmp_path / "with", {4: [5, 5], None: [5, 5]})
+    collapsed = study(tmp_path / "without", {4: [5, 5], None: [1, 1]})  # below the base at every trained step
+    frame = ablation_table(kept, collapsed).frame.set_index(["arm", "penalty"])
+    assert frame.loc[("full", "without KL"), "peak"] == pytest.approx(1 / N_PROBLEMS), "the base was read as a peak"

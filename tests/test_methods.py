@@ -122,3 +122,13 @@ def test_the_notebook_measures_the_memory_of_the_methods_that_ran(tmp_path):
     memory = pd.read_csv(study / "method_memory.csv")
     assert memory["method"].tolist() == ["GRPO", "GRPO, one completion at a time"]
     assert "Peak memory of one step" in (study / "method_comparison.md").read_text()
+
+
+def test_a_method_with_a_seed_more_keeps_its_own_seed_count_and_names_what_was_paired(tmp_path):
+    grpo = method_study(tmp_path / "grpo", {4: [5, 5]})
+    other = method_study(tmp_path / "other", {4: [6, 6, 1]})
+    table = method_accuracy({"grpo": grpo, "other": other}, "outcome", margin=0.05)
+    row = table.frame.set_index("method").loc["other"]
+    assert row["n_seeds"] == 3 and row["n_seeds_paired"] == 2, row
+    assert "| 90% CI (TOST) |" in table.markdown.splitlines()[0] and "| 2 × " in table.markdown, table.markdown
+

@@ -23,8 +23,8 @@ MEMORY_NOTE = (
 
 
 def method_accuracy(studies: dict[str, Cells], regime: str, margin: float, confidence: float = 0.95) -> Table:
-    """Per method and arm: final pass@1 (mean and sd over seeds) and, beside the first (baseline) method, the
-    paired difference from it over seeds and held-out problems with its TOST verdict at ±margin."""
+    """Per method and arm: final pass@1 (mean and sd over its seeds) and, beside the first (baseline) method, the
+    paired difference from it over the seeds and held-out problems both ran, with its TOST verdict at ±margin."""
     base_name = next(iter(studies))
     base_final = final_answers(studies[base_name])
     rows = []
@@ -39,18 +39,28 @@ def method_accuracy(studies: dict[str, Cells], regime: str, margin: float, confi
                    "n_seeds": len(per_seed)}
             theirs = base_final[(base_final["regime"] == regime) & (base_final["arm"] == arm)]
             if name != base_name and shared_seeds(mine, theirs) >= MIN_SEEDS:
-                row |= comparison(mine, theirs, margin, confidence)
+                paired = comparison(mine, theirs, margin, confidence)  # its n_seeds: the seeds both ran
+                row |= {**paired, "n_seeds": len(per_seed), "n_seeds_paired": paired["n_seeds"]}
             rows.append(row)
     frame = pd.DataFrame(rows)
-    for column in ("estimate", "ci_low", "ci_high", "verdict"):
+    for column in ("estimate", "ci_low", "ci_high", "tost_low", "tost_high", "verdict", "n_seeds_paired", "n_problems"):
         if column not in frame:
             frame[column] = None
-    lines = [[r.method, r.arm, f"{r.pass1:.3f} ± {0 if pd.isna(r.sd) else r.sd:.3f} ({r.n_seeds})",
-              "" if pd.isna(r.estimate) else f"{r.estimate:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}]",
-              "" if pd.isna(r.verdict) else r.verdict] for r in frame.itertuples()]
+    lines = [[r.method, r.arm, f"{r.pass1:.3f} ± {0 if pd.isna(r.sd) else r.sd:.3f} ({r.n_seeds})", *_difference(r)]
+             for r in frame.itertuples()]
     header = ["method", "arm", "final pass@1 (mean ± sd, seeds)", f"minus {base_name} ({confidence:.0%} CI)",
-              f"verdict (±{margin:g})"]
+              f"{1 - 2 * (1 - confidence):.0%} CI (TOST)", f"verdict (±{margin:g})", "paired seeds × problems"]
     return Table(frame, markdown_table(header, lines))
+
+
+def _difference(row) -> list[str]:
+    """A method table row's paired difference from the baseline: estimate with its interval, the interval TOST reads,
+    the verdict and what was paired; blank for the baseline itself."""
+    if pd.isna(row.estimate):
+        return ["", "", "", ""]
+    return [f"{row.estimate:+.3f} [{row.ci_low:+.3f}, {row.ci_high:+.3f}]",
+            f"[{row.tost_low:+.3f}, {row.tost_high:+.3f}]", row.verdict,
+            f"{int(row.n_seeds_paired)} × {int(row.n_problems)}"]
 
 
 def loss_tokens(studies: dict[str, Cells], regime: str) -> Table:
@@ -111,9 +121,9 @@ def write_method_comparison(studies: dict[str, Cells], out_dir: str | Path, regi
         "",
         f"## Accuracy: each method minus {base}",
         "",
-        f"Final greedy pass@1 per arm; differences paired over seeds and held-out problems ({confidence:.0%} crossed "
-        f"interval; TOST equivalent when its interval lies inside ±{margin:g}, different when the {confidence:.0%} "
-        "interval excludes 0).",
+        f"Final greedy pass@1 per arm; differences paired over the seeds and held-out problems both methods ran "
+        f"({confidence:.0%} crossed interval; TOST equivalent when the {1 - 2 * (1 - confidence):.0%} interval lies "
+        f"inside ±{margin:g}, different when the {confidence:.0%} interval excludes 0).",
         "",
         accuracy.markdown,
         "![method_accuracy](figures/method_accuracy.png)",
