@@ -1,5 +1,7 @@
 """GRPO against its token-selection variants: the same arms paired across studies, the tokens in the loss, and the
 peak memory of a step."""
+import dataclasses
+
 import nbformat
 import pandas as pd
 import pytest
@@ -46,6 +48,18 @@ def test_tokens_in_the_loss_are_counted_per_completion(studies):
     frame = loss_tokens(studies, "outcome").frame.set_index("method")
     assert frame.loc["GRPO", "loss_tokens"] == 20.0, "GRPO puts every completion token into the loss"
     assert frame.loc["T-SPMO", "loss_tokens"] == 2.0 and frame.loc["T-SPMO", "share"] == pytest.approx(0.1)
+
+
+def test_a_replaying_methods_tokens_count_its_replayed_completions_too(tmp_path):
+    cells = method_study(tmp_path / "replay", {4: [5, 5]}, tokens_in_loss=2.0)
+    history = cells.history  # steps 1-2 replay 16 completions of 6 loss tokens (length 10) beside their 16
+    replayed = history["step"] <= 2
+    cells = dataclasses.replace(cells, history=history.assign(replayed=replayed.astype(int), completions=16.0,
+        replay_completions=replayed * 16.0, replay_loss_tokens=6.0, replay_len_mean=10.0))
+    row = loss_tokens({"T-SPMO + replay": cells}, "outcome").frame.iloc[0]
+    # Per step: 4.0 tokens of 15 where it replayed (2 of 4 steps), 2.0 of 20 elsewhere.
+    assert row["loss_tokens"] == pytest.approx(3.0) and row["len_mean"] == pytest.approx(17.5)
+    assert row["share"] == pytest.approx((4 / 15 + 2 / 20) / 2)
 
 
 def test_the_comparison_is_written_with_its_figures(studies, tmp_path):

@@ -165,6 +165,8 @@ def test_a_step_with_replay_updates_again_on_the_replayed_groups(tiny_tokenizer)
     assert len(buffer.successes) + len(buffer.failures) == 6, "the step's 2 x 3 completions are stored"
     assert row["replayed"] == min(1, len(buffer.successes)) + min(1, len(buffer.failures)) > 0
     assert "replay_loss" in row and row["loss_tokens"] > 0
+    assert row["completions"] == 6 and row["replay_completions"] == row["replayed"] * 3, "the second update's size"
+    assert row["replay_loss_tokens"] > 0 and row["replay_len_mean"] > 0, "the second update's tokens went unlogged"
 
 
 def test_replay_is_refused_where_arms_share_their_prompts():

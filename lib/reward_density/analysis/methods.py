@@ -65,22 +65,35 @@ def _difference(row) -> list[str]:
 
 def loss_tokens(studies: dict[str, Cells], regime: str) -> Table:
     """Per method: tokens entering the loss per completion (all steps and the first 100), completion length,
-    and the share of the completion's tokens in the loss; mean over arms, seeds and steps."""
+    and the share of the completion's tokens in the loss; mean over arms, seeds and steps (a replaying method's
+    steps count their replayed completions too, where logged)."""
     rows = []
     for name, cells in studies.items():
         history = cells.history[cells.history["regime"] == regime]
         if history.empty:
             continue
         counted = history["loss_tokens"] if "loss_tokens" in history else history["len_mean"]  # GRPO: every token
+        length = history["len_mean"]
+        if "replay_completions" in history:  # replay's second update: its completions are counted beside the step's
+            counted, length = (_with_replay(history, main, replayed) for main, replayed in
+                               ((counted, "replay_loss_tokens"), (length, "replay_len_mean")))
         rows.append({"method": name, "loss_tokens": counted.mean(),
                      "loss_tokens_first_100": counted[history["step"] <= 100].mean(),
-                     "len_mean": history["len_mean"].mean(), "share": (counted / history["len_mean"]).mean()})
+                     "len_mean": length.mean(), "share": (counted / length).mean()})
     frame = pd.DataFrame(rows)
     lines = [[r.method, f"{r.loss_tokens:.1f}", f"{r.loss_tokens_first_100:.1f}", f"{r.len_mean:.1f}", f"{r.share:.0%}"]
              for r in frame.itertuples()]
     header = ["method", "loss tokens per completion", "in the first 100 steps", "completion length",
               "share in the loss"]
     return Table(frame, markdown_table(header, lines))
+
+
+def _with_replay(history: pd.DataFrame, main: pd.Series, replayed: str) -> pd.Series:
+    """A per-completion quantity of each step over the step's completions and its replayed ones together (a step
+    that replayed nothing, or logged no replay columns, keeps its own)."""
+    weight = history["replay_completions"].fillna(0) * (history["replayed"].fillna(0) > 0)
+    both = (main * history["completions"] + history[replayed].fillna(0) * weight) / (history["completions"] + weight)
+    return both.where(weight > 0, main)
 
 
 def memory_table(rows: list[dict]) -> Table:

@@ -116,7 +116,10 @@ def grpo_step(
     if not replayed:
         return row | {"replayed": 0}
     again = grpo_step(policy, tokenizer, optimizer, replayed, reward, config, seed=seed + REPLAY_SEED_OFFSET)
-    return row | {"replayed": len(replayed), "replay_loss": again["loss"], "replay_reward_mean": again["reward_mean"]}
+    # The second update's completions enter a loss too: what counts tokens per completion must weigh both.
+    return row | {"replayed": len(replayed), "replay_loss": again["loss"], "replay_reward_mean": again["reward_mean"],
+                  "completions": rollout.num_completions, "replay_completions": len(replayed) * config.group_size,
+                  "replay_loss_tokens": again["loss_tokens"], "replay_len_mean": again["len_mean"]}
 
 
 def loss_inputs(rollout: Rollout, deposits: Deposits, config: StepConfig,
