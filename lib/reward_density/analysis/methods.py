@@ -91,7 +91,7 @@ def loss_tokens(studies: dict[str, Cells], regime: str) -> Table:
 def _with_replay(history: pd.DataFrame, main: pd.Series, replayed: str) -> pd.Series:
     """A per-completion quantity of each step over the step's completions and its replayed ones together (a step
     that replayed nothing, or logged no replay columns, keeps its own)."""
-    weight = history["replay_completions"].fillna(0) * (history["replayed"].fillna(0) > 0)
+    weight = history["replay_completions"].fillna(0)  # logged only by steps that replayed
     both = (main * history["completions"] + history[replayed].fillna(0) * weight) / (history["completions"] + weight)
     return both.where(weight > 0, main)
 
