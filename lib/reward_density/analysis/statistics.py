@@ -163,6 +163,8 @@ def seeds_for_equivalence(diffs: np.ndarray, margin: float, alpha: float = 0.05,
     if n_seeds < 2 or n_problems < 2:
         return None
     seed_var, problem_var, ms_residual = _components(diffs)
+    if not _seeds_suffice(problem_var, n_problems, margin, alpha, power):  # the problems' share alone is too large
+        return None
     for seeds in range(2, max_seeds + 1):
         terms = [(seed_var / seeds, seeds - 1), (problem_var / n_problems, n_problems - 1),
                  (ms_residual / (seeds * n_problems), (seeds - 1) * (n_problems - 1))]
@@ -179,9 +181,11 @@ def seeds_can_decide(diffs: np.ndarray, margin: float, alpha: float = 0.05, powe
     and residual terms vanish and the problems' own, at P - 1 degrees of freedom, is left; when it alone is too
     large, only more problems decide."""
     n_seeds, n_problems = diffs.shape
-    if n_seeds < 2 or n_problems < 2:
-        return False
-    _, problem_var, _ = _components(diffs)
+    return n_seeds >= 2 and n_problems >= 2 and _seeds_suffice(_components(diffs)[1], n_problems, margin, alpha, power)
+
+
+def _seeds_suffice(problem_var: float, n_problems: int, margin: float, alpha: float, power: float) -> bool:
+    """Whether the problems' term alone, what infinitely many seeds leave, still lets TOST reach that power."""
     return problem_var == 0 or _tost_powered(np.sqrt(problem_var / n_problems), n_problems - 1, margin, alpha, power)
 
 
