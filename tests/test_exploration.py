@@ -88,6 +88,8 @@ def test_a_text_rollout_ends_each_completion_with_eos_unless_it_was_cut(tiny_tok
     assert rollout.completion_ids[0, lengths[0] - 1] == tiny_tokenizer.eos_token_id
     with pytest.raises(ValueError, match="one completion per row"):
         rollout_from_text(tiny_tokenizer, problems, ["3"])
+    with pytest.raises(ValueError, match=r"rows \[1\]: an empty completion cannot be truncated"):
+        rollout_from_text(tiny_tokenizer, problems, ["3", ""], truncated=[False, True])  # no token to pack
 
 
 def test_each_deposit_sits_on_its_token_and_each_token_in_its_step(tiny_tokenizer):

@@ -8,17 +8,22 @@ import pytest
 import torch
 from test_stacked import PROBLEMS, length_reward
 
+from reward_density.data.answer_check import AnswerChecker
 from reward_density.data.problems import Problem
 from reward_density.experiment.cell import step_config
 from reward_density.experiment.profiles import REPO_ROOT, cell_config, group_configs, load_profile
+from reward_density.grpo import sampler
+from reward_density.grpo.deposits import Deposits
 from reward_density.grpo.loss import LossConfig
 from reward_density.grpo.policy import Policy, PolicyConfig
 from reward_density.grpo.prefix_trie import prefix_advantages
 from reward_density.grpo.replay import ReplayBuffer, ReplayConfig
 from reward_density.grpo.sampler import SamplingConfig
-from reward_density.grpo.step import StepConfig, grpo_step
+from reward_density.grpo.step import StepConfig, grpo_step, loss_inputs
 from reward_density.grpo.text_rollout import rollout_from_text
 from reward_density.grpo.token_selection import TokenSelection, select_tokens
+from reward_density.rewards.outcome import OutcomeReward
+from reward_density.rewards.process import ProcessReward
 from reward_density.tools.stand_ins import build_qwen3
 
 # ------------------------------------------------------------------ S-GRPO (Eq. 6)
@@ -30,7 +35,7 @@ def lengths_mask(lengths: list[int], width: int) -> torch.Tensor:
 
 def test_the_first_alpha_tokens_are_always_chosen_and_never_more_than_k():
     mask = lengths_mask([40, 3, 25, 0], 40).repeat(50, 1)
-    chosen = select_tokens(mask, TokenSelection(alpha=4, k=10, p=0.7), torch.Generator().manual_seed(0))
+    chosen = select_tokens(mask, TokenSelection(alpha=4, k=10, p=0.7), torch.Generator().manual_seed(0), 40)
     assert not (chosen & ~mask).any(), "a padding position was chosen"
     early = mask & (torch.arange(40) < 4)
     assert (chosen | ~early).all(), "a token before alpha was left out"
@@ -39,16 +44,42 @@ def test_the_first_alpha_tokens_are_always_chosen_and_never_more_than_k():
 
 def test_later_tokens_are_chosen_with_probability_p_while_there_is_room():
     mask = lengths_mask([100] * 400, 100)
-    chosen = select_tokens(mask, TokenSelection(alpha=5, k=1000, p=0.3), torch.Generator().manual_seed(1))
+    chosen = select_tokens(mask, TokenSelection(alpha=5, k=1000, p=0.3), torch.Generator().manual_seed(1), 100)
     late = chosen[:, 5:].float().mean()
     assert abs(float(late) - 0.3) < 0.01, f"later tokens chosen at rate {float(late):.3f}, P = 0.3"
 
 
 def test_the_k_chosen_tokens_are_the_first_k_candidates():
     mask = lengths_mask([30], 30)
-    chosen = select_tokens(mask, TokenSelection(alpha=0, k=6, p=1.0), torch.Generator().manual_seed(0))
+    chosen = select_tokens(mask, TokenSelection(alpha=0, k=6, p=1.0), torch.Generator().manual_seed(0), 30)
     assert chosen[0].tolist() == [True] * 6 + [False] * 24, "with p = 1 the first k tokens are the subset"
-    assert select_tokens(mask, TokenSelection(2, 5, 0.0), torch.Generator())[0].sum() == 2, "p = 0: alpha only"
+    assert select_tokens(mask, TokenSelection(2, 5, 0.0), torch.Generator(), 30)[0].sum() == 2, "p = 0: alpha only"
+
+
+def test_a_rows_chosen_tokens_do_not_depend_on_how_wide_its_batch_was_padded():
+    # The stacked engine pads every arm to the widest completion of any arm; alone, an arm pads to its own.
+    rule, narrow = TokenSelection(alpha=1, k=1000, p=0.5), lengths_mask([3, 8, 5], 8)
+    wide = torch.cat([narrow, torch.zeros(3, 4, dtype=torch.bool)], dim=1)
+    alone = select_tokens(narrow, rule, torch.Generator().manual_seed(3), 16)
+    stacked = select_tokens(wide, rule, torch.Generator().manual_seed(3), 16)
+    assert torch.equal(stacked[:, :8], alone), "padding the batch wider changed which tokens a row keeps"
+
+
+def test_the_coins_are_not_the_samplers_own_random_draws(monkeypatch, tiny_tokenizer):
+    # Eq. 6 keeps each later token by an independent coin; the sampler's uniforms chose the tokens themselves.
+    draws = []
+    uniforms = sampler._uniforms
+    monkeypatch.setattr(sampler, "_uniforms", lambda *args: draws.append(uniforms(*args)) or draws[-1])
+    config = StepConfig(group_size=8, sampling=SamplingConfig(16, temperature=0.7),
+                        token_selection=TokenSelection(alpha=0, k=10**6, p=0.5))
+    model = build_qwen3(len(tiny_tokenizer), seed=0).eval()
+    rollout = sampler.sample_rollout(model, tiny_tokenizer, PROBLEMS[:2], 8, config.sampling, seed=7)
+    mask = rollout.completion_mask.bool()
+    deposits = Deposits(torch.zeros(mask.shape), torch.zeros_like(mask), torch.zeros(mask.shape[0]))
+    _, subset = loss_inputs(rollout, deposits, config, seed=7)
+    n, t = mask.shape
+    sampler_coins = (torch.cat([u.reshape(-1) for u in draws])[: n * t].reshape(n, t) < 0.5) & mask
+    assert not torch.equal(subset, sampler_coins), "S-GRPO's coins replay the uniforms that sampled the tokens"
 
 
 @pytest.mark.parametrize("alpha, k, p, message", [(-1, 5, 0.5, "alpha"), (2, 0, 0.5, "k must"), (2, 5, 1.5, "p must")])
@@ -151,7 +182,31 @@ def test_replay_restarts_from_a_prefix_of_a_stored_success_or_failure(tiny_token
         kept = restarted.prompt[len(problem.prompt):]
         assert any(text.startswith(kept) for text in texts), f"{kept!r} is not a prefix of a stored completion"
         assert restarted.question == problem.prompt, "a PRM still sees the bare question"
+        assert restarted.prefix == kept, "the rewards must know which part of the completion the prompt holds"
     assert len({p.problem_id for p in drawn}) == 3
+
+
+def test_a_restarted_completion_is_scored_whole_when_its_answer_began_before_the_restart(tiny_tokenizer):
+    # The paper restarts generation from the partial sequence: what is scored is prefix + continuation.
+    kept = "3 + 4 = 7\nAnswer: \\boxed{"
+    restarted = Problem("p@replay0", "Problem: 3 + 4 = ?\n" + kept, "7", question="Problem: 3 + 4 = ?\n", prefix=kept)
+    rollout = rollout_from_text(tiny_tokenizer, [restarted] * 2, ["7}", "8}"], group_size=2)
+    with AnswerChecker(timeout_seconds=5.0) as checker:
+        rewards = OutcomeReward(checker)(rollout).trajectory_rewards
+    assert rewards.tolist() == [1.0, 0.0], f"the continuation alone was scored: rewards {rewards.tolist()}"
+
+
+def test_the_process_reward_refuses_completions_restarted_by_replay(tiny_tokenizer):
+    restarted = Problem("p@replay0", "Problem: 3 + 4 = ?\n3 + 4", "7", prefix="3 + 4")
+    rollout = rollout_from_text(tiny_tokenizer, [restarted], [" = 7"])
+    with pytest.raises(ValueError, match="does not score completions restarted by replay"):
+        ProcessReward(scorer=None, student_tokenizer=tiny_tokenizer)(rollout)
+
+
+def test_replay_in_the_process_regime_is_refused_before_any_work():
+    profile = load_profile(REPO_ROOT / "params" / "mini.yaml")
+    with pytest.raises(ValueError, match="replay restarts completions inside their steps"):
+        cell_config(profile, "process", 1, 0, engine="peft", replay_successes=1)
 
 
 def test_a_step_with_replay_updates_again_on_the_replayed_groups(tiny_tokenizer):

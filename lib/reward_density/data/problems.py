@@ -14,6 +14,8 @@ class Problem:
     question: the bare problem text a PRM is shown (Math-Shepherd saw questions, not prompt templates);
     empty when the prompt is the question itself, as in the mini world.
     solution: a correct completion, for supervised training (the SFT control); empty when none is known.
+    prefix: the start of a completion already written at the end of the prompt (T-SPMO's replay restarts inside
+    a stored completion); the rewards score it together with what is sampled after it. Never written to a file.
     """
 
     problem_id: str
@@ -21,6 +23,7 @@ class Problem:
     answer: str
     question: str = ""
     solution: str = ""
+    prefix: str = ""
 
 
 def write_problems(path: Path, problems: Sequence[Problem], extra: Sequence[dict] | None = None) -> None:
@@ -29,7 +32,7 @@ def write_problems(path: Path, problems: Sequence[Problem], extra: Sequence[dict
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as handle:
         for problem, more in zip(problems, extra, strict=True):
-            record = {k: v for k, v in asdict(problem).items() if k not in ("question", "solution") or v}
+            record = {k: v for k, v in asdict(problem).items() if k not in ("question", "solution", "prefix") or v}
             handle.write(json.dumps({**record, **more}) + "\n")
 
 

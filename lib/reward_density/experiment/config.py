@@ -239,6 +239,9 @@ class CellConfig:
         if self.curve_problems is not None and self.curve_problems > self.eval_problems:
             raise ValueError(f"curve_problems = {self.curve_problems} exceeds eval_problems = {self.eval_problems}: "
                              "the curve scores the first curve_problems of the problems evaluated")
+        if self.regime == "process" and (self.replay_successes or self.replay_failures):
+            raise ValueError("replay restarts completions inside their steps, which the process reward cannot score: "
+                             "set replay_successes and replay_failures to 0, or choose another regime")
         if self.engine == "stacked":
             self._check_stackable()
 

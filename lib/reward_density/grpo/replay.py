@@ -5,7 +5,8 @@ completions of one prompt rarely still share a prefix.
 Completions are kept with their rewards, split at a threshold r into successes (R >= r) and failures. Each
 step, up to C_success of the first and C_failure of the second are cut at a random token position, and the
 cut-off text becomes a prompt of its own (the original prompt plus the kept prefix) from which a fresh group
-is sampled and scored. The reward then reads the continuation only.
+is sampled. The reward scores each whole completion, the kept prefix and its continuation (the paper's restart
+from the partial sequence: an answer may begin before the cut); only the continuation's tokens enter the loss.
 """
 from __future__ import annotations
 
@@ -69,5 +70,6 @@ class ReplayBuffer:
             prefix = tokenizer.decode(list(stored.tokens[:cut]), skip_special_tokens=True)
             original = stored.problem
             problems.append(replace(original, problem_id=f"{original.problem_id}@replay{i}-t{cut}",
-                                    prompt=original.prompt + prefix, question=original.question or original.prompt))
+                                    prompt=original.prompt + prefix, prefix=prefix,
+                                    question=original.question or original.prompt))
         return problems

@@ -17,6 +17,7 @@ class Rollout:
     prompts/completions: decoded text (special tokens skipped), one entry per row.
     answers: the gold answer of each row's problem (only the outcome reward reads it).
     questions: the bare question of each row's problem, for a PRM (None: the prompts are the questions).
+    prefixes: the part of each row's completion already at the end of its prompt (T-SPMO's replay; None: none).
     """
 
     prompt_ids: torch.Tensor
@@ -30,10 +31,18 @@ class Rollout:
     completions: list[str]
     answers: list[str | None]
     questions: list[str] | None = None
+    prefixes: list[str] | None = None
 
     @property
     def num_completions(self) -> int:
         return self.completion_ids.shape[0]
+
+    @property
+    def whole_completions(self) -> list[str]:
+        """Each row's completion as a reward scores it: its prefix (if restarted by replay), then the sampled text."""
+        if self.prefixes is None:
+            return self.completions
+        return [prefix + text for prefix, text in zip(self.prefixes, self.completions, strict=True)]
 
     def rows(self, start: int, stop: int) -> Rollout:
         """Rows start..stop-1 as a rollout of their own (whole groups: one arm's share of a stacked rollout)."""
@@ -44,4 +53,5 @@ class Rollout:
             self.prompt_ids[cut], self.prompt_mask[cut], self.completion_ids[cut], self.completion_mask[cut],
             self.sampler_logps[cut], self.truncated[cut], self.group_size, self.prompts[cut], self.completions[cut],
             self.answers[cut], None if self.questions is None else self.questions[cut],
+            None if self.prefixes is None else self.prefixes[cut],
         )

@@ -87,6 +87,7 @@ def sample_rollout(
         completions=texts,
         answers=[p.answer for p in problems for _ in range(group_size)] * arms,
         questions=[p.question or p.prompt for p in problems for _ in range(group_size)] * arms,
+        prefixes=[p.prefix for p in problems for _ in range(group_size)] * arms,
     )
 
 

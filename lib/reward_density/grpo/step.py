@@ -29,6 +29,8 @@ from .stacked import StackedPolicy
 from .token_selection import TokenSelection, select_tokens
 
 REPLAY_SEED_OFFSET = 500_009  # the replay update's sampling stream, apart from every step's own
+# S-GRPO's coins: a stream apart from the step's sampling, whose draws chose the tokens (Eq. 6's coins are independent)
+TOKEN_SELECTION_SEED_OFFSET = 700_001
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,8 @@ def loss_inputs(rollout: Rollout, deposits: Deposits, config: StepConfig,
     group: GRPO's advantages from the deposits (Eq. 3-4). prefix_trie: T-SPMO's A(v | p) from the trajectory
     rewards, once per unique transition, times the token's sampled probability: its objective is
     pi_theta(v | p) A(v | p) (Eq. 10), whose gradient at the sampled policy is the ratio surrogate's with that
-    weight. A token selection (S-GRPO, Eq. 6; drawn from the step's seed) then keeps a subset of those tokens.
+    weight. A token selection (S-GRPO, Eq. 6; coins drawn from the step's seed, apart from its sampling) then
+    keeps a subset of those tokens.
     """
     if config.advantage_estimator == "prefix_trie":
         advantages, subset = prefix_advantages(rollout.completion_ids, rollout.completion_mask,
@@ -140,7 +143,8 @@ def loss_inputs(rollout: Rollout, deposits: Deposits, config: StepConfig,
                                         config.group_size, config.advantage_eps)
         subset = None
     if config.token_selection is not None:
-        chosen = select_tokens(rollout.completion_mask, config.token_selection, torch.Generator().manual_seed(seed))
+        coins = torch.Generator().manual_seed(seed + TOKEN_SELECTION_SEED_OFFSET)
+        chosen = select_tokens(rollout.completion_mask, config.token_selection, coins, config.sampling.max_new_tokens)
         subset = chosen if subset is None else subset & chosen
     return advantages, subset
 

@@ -23,6 +23,9 @@ def rollout_from_text(
         raise ValueError(f"{len(problems)} problems and {len(completions)} completions: need one completion per "
                          f"row and whole groups of {group_size}")
     truncated = [False] * len(problems) if truncated is None else list(truncated)
+    empty = [row for row, (text, cut) in enumerate(zip(completions, truncated, strict=True)) if cut and not text]
+    if empty:
+        raise ValueError(f"rows {empty}: an empty completion cannot be truncated (it would hold no token at all)")
     eos, pad = special_token_ids(tokenizer)
     prompts = tokenizer([p.prompt for p in problems], padding=True, padding_side="left", return_tensors="pt")
     encoded = tokenizer(list(completions), add_special_tokens=False)["input_ids"]
@@ -39,4 +42,5 @@ def rollout_from_text(
         sampler_logps=torch.zeros(len(problems), width), truncated=torch.tensor(truncated, dtype=torch.bool),
         group_size=group_size, prompts=[p.prompt for p in problems], completions=list(completions),
         answers=[p.answer for p in problems], questions=[p.question or p.prompt for p in problems],
+        prefixes=[p.prefix for p in problems],
     )

@@ -30,12 +30,19 @@ class TokenSelection:
             raise ValueError(f"p must be a probability in [0, 1], got {self.p!r}")
 
 
-def select_tokens(completion_mask: torch.Tensor, rule: TokenSelection, generator: torch.Generator) -> torch.Tensor:
-    """[N, T] bool: the tokens of each completion that enter the loss under the rule (Eq. 6)."""
+def select_tokens(completion_mask: torch.Tensor, rule: TokenSelection, generator: torch.Generator,
+                  width: int) -> torch.Tensor:
+    """[N, T] bool: the tokens of each completion that enter the loss under the rule (Eq. 6).
+
+    The coins are drawn over `width` columns (the completion cap, >= T), so a row's coins do not depend on how
+    wide its batch happened to be padded: an arm keeps the tokens it would keep sampling alone.
+    """
     valid = completion_mask.bool()
+    if valid.shape[1] > width:
+        raise ValueError(f"completions of {valid.shape[1]} tokens are wider than the coins' {width} columns")
     position = torch.arange(valid.shape[1]).expand_as(valid)
     early = valid & (position < rule.alpha)
-    coin = torch.rand(valid.shape, generator=generator) < rule.p
+    coin = torch.rand((valid.shape[0], width), generator=generator)[:, : valid.shape[1]] < rule.p
     late = valid & (position >= rule.alpha) & coin
     # A late token is kept only while fewer than k tokens (early ones included) precede it in the subset.
     chosen_before = torch.cumsum((early | late).int(), dim=1) - (early | late).int()

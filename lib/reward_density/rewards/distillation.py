@@ -12,7 +12,9 @@ class DistillationReward:
     """Scores the student's exact tokens under a teacher that shares its vocabulary.
 
     The teacher may sit on another device; its log-probs come back to the rollout's device.
-    Both log-probs are taken at the sampling temperature, the student's being the sampler's own.
+    Both log-probs are taken at the sampling temperature, the student's being the sampler's own. A completion
+    restarted by replay is scored on its sampled tokens given the prefix in its prompt: the prefix's own term is
+    the same for the whole group, so leaving it out changes no advantage.
     """
 
     def __init__(self, teacher: torch.nn.Module, temperature: float, micro_batch_size: int | None = None):

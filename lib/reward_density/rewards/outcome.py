@@ -9,7 +9,8 @@ from ..grpo.rollout import Rollout
 
 
 class OutcomeReward:
-    """1.0 if the completion's answer matches the gold, else 0.0, deposited on its last valid token."""
+    """1.0 if the completion's answer matches the gold, else 0.0, deposited on its last valid token. A completion
+    restarted by replay is checked whole, its prefix included: the answer may begin before the restart."""
 
     def __init__(self, checker: Checker) -> None:
         self.checker = checker
@@ -19,7 +20,7 @@ class OutcomeReward:
         missing = [row for row, answer in enumerate(rollout.answers) if answer is None]
         if missing:
             raise ValueError(f"the outcome reward needs a gold answer for every row; rows {missing} have none")
-        verdicts = self.checker.check(rollout.answers, rollout.completions)
+        verdicts = self.checker.check(rollout.answers, rollout.whole_completions)
 
         mask = rollout.completion_mask.bool()
         n, t = mask.shape

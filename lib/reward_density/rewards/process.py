@@ -110,6 +110,9 @@ class ProcessReward:
 
     def __call__(self, rollout: Rollout) -> Deposits:
         """Score every row's steps with the PRM (question and steps only, never the gold answer)."""
+        if any(rollout.prefixes or []):
+            raise ValueError("the process reward does not score completions restarted by replay: their steps before "
+                             "the restart have no tokens to carry a deposit")
         n, width = rollout.completion_ids.shape
         completion_ids, completion_mask = rollout.completion_ids.cpu(), rollout.completion_mask.cpu().bool()
         steps_per_row, ends_per_row = [], []
