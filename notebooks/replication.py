@@ -48,7 +48,8 @@ print(replication.worlds_sentence(original, again, names))
 #
 # Each comparison's difference (LoRA − FullFT, pass@1 on each study's held-out set, with its interval at the
 # study's confidence level) and verdict in both studies. A flip from *equivalent* or *different* to
-# *inconclusive* is a loss of power; one between *equivalent* and *different* is a result that did not hold.
+# *inconclusive* is a loss of power; one between *equivalent* and *different*, or from LoRA significantly ahead of
+# FullFT to significantly behind it or back, is a result that did not hold.
 
 # %%
 print(replication.verdict_agreement(original["equivalence.csv"], again["equivalence.csv"], names).markdown)

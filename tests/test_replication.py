@@ -9,6 +9,7 @@ from reward_density.analysis.replication import (
     read_summaries,
     stopping_steps,
     verdict_agreement,
+    verdicts_agree,
     write_replication_report,
 )
 from reward_density.analysis.tables import WORLDS, worlds_frame
@@ -64,6 +65,20 @@ def test_agreement_counts_matching_verdicts_and_marks_each_flip():
     flipped = next(line for line in table.markdown.splitlines() if line.startswith("| process"))
     assert "inconclusive" in flipped and "different" in flipped and "**no**" in flipped
     assert "+0.010 [+0.000, +0.020]" in flipped, "the differences and intervals of both studies are shown"
+
+
+def test_a_significant_difference_that_changes_side_is_a_disagreement(tmp_path):
+    verdicts = {("outcome", "r1"): "equivalent", ("process", "r1"): "different", ("process", "r2"): "different"}
+    original = equivalence(verdicts)
+    again = original.copy()
+    again.loc[1, ["estimate", "ci_low", "ci_high"]] = [-0.01, -0.02, -0.005]  # process r1: LoRA now behind FullFT
+    table = verdict_agreement(original, again, NAMES)
+    assert table.frame["agree"].tolist() == [True, False, True], "LoRA ahead in one study, behind in the other"
+    assert "**2 of 3 verdicts agree**" in table.markdown
+    report = write_replication_report(study(tmp_path / "mini", verdicts), study(tmp_path / "again", verdicts), NAMES,
+                                      margin=0.05).read_text()
+    change_of_side = "or from LoRA significantly ahead of FullFT to significantly behind it or back, is a result"
+    assert change_of_side in report, "the report does not say that a change of side is a result that did not hold"
 
 
 def test_a_comparison_only_one_study_made_is_counted_not_compared():
@@ -216,7 +231,7 @@ def test_a_committed_replication_report_sets_every_shared_verdict_of_both_studie
                 f"run `./run_all.sh --profile {replication} --stages analysis`")
         shared = len(pd.read_csv(folder / f"{source}.csv"))
         assert len(committed) == shared, f"{written}.csv misses a comparison both studies made"
-        assert (committed["agree"] == (committed["verdict_original"] == committed["verdict_replication"])).all()
+        assert (committed["agree"] == verdicts_agree(committed)).all()
         assert (folder / "figures" / f"{written}.png").is_file()
 
 

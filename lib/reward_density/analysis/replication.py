@@ -73,7 +73,7 @@ def verdict_agreement(original: pd.DataFrame, replication: pd.DataFrame, names: 
     the verdicts agree; comparisons made by one study only (a skipped one is not made) are counted, not compared."""
     original, replication = (frame[frame["verdict"] != "skipped"] for frame in (original, replication))
     both = _side_by_side(original, replication, ["regime", "arm"], ["estimate", "ci_low", "ci_high", "verdict"])
-    both["agree"] = both["verdict_original"] == both["verdict_replication"]
+    both["agree"] = verdicts_agree(both)
     only = len(original) + len(replication) - 2 * len(both)
     rows = [[r.regime, r.arm, _with_interval(r, "estimate", "original"), r.verdict_original,
              _with_interval(r, "estimate", "replication"), r.verdict_replication, "yes" if r.agree else "**no**"]
@@ -83,6 +83,14 @@ def verdict_agreement(original: pd.DataFrame, replication: pd.DataFrame, names: 
     summary = f"**{int(both['agree'].sum())} of {len(both)} verdicts agree**"
     summary += f"; not compared, made by one study only: {only}.\n" if only else ".\n"
     return Table(both, summary + "\n" + markdown_table(header, rows))
+
+
+def verdicts_agree(both: pd.DataFrame) -> pd.Series:
+    """Per side-by-side comparison, whether both studies gave one verdict; two *different* verdicts agree only when
+    LoRA lies on the same side of FullFT in both."""
+    same_verdict = both["verdict_original"] == both["verdict_replication"]
+    same_side = both["estimate_original"].gt(0) == both["estimate_replication"].gt(0)
+    return same_verdict & ((both["verdict_original"] != "different") | same_side)
 
 
 def _with_interval(row, value: str, study: str) -> str:
@@ -148,8 +156,9 @@ def write_replication_report(original_dir: str | Path, replication_dir: str | Pa
         f"# {names[1]} against {names[0]}\n\n"
         f"The same LoRA-vs-FullFT comparisons in both studies, each at the margin and confidence level it was "
         f"analysed with (its report.md), read from their equivalence.csv and gain.csv. A flip from *equivalent* or "
-        f"*different* to *inconclusive* is a loss of power; one between *equivalent* and *different* is a result "
-        f"that did not hold.\n\n{worlds_sentence(original, replication, names)}\n\n## Verdicts\n\n{verdicts.markdown}\n"
+        f"*different* to *inconclusive* is a loss of power; one between *equivalent* and *different*, or from LoRA "
+        f"significantly ahead of FullFT to significantly behind it or back, is a result that did not hold.\n\n"
+        f"{worlds_sentence(original, replication, names)}\n\n## Verdicts\n\n{verdicts.markdown}\n"
         f"![LoRA − FullFT per rank in both studies: TOST interval (thick), confidence interval (thin), "
         f"±{margin:g} margin (band)](figures/replication.png)\n\n"
         f"## The rank needed to match FullFT, in both\n\n{needed.markdown}\n"
