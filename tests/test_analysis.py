@@ -362,8 +362,23 @@ def test_a_comparison_of_studies_says_whether_their_cells_read_one_world(tmp_pat
         "The compared studies' cells read one world: student aaaa, problems cccc (a hash of each entry's files).")
     assert compared_worlds_sentence({"A": a, "C": c}).startswith(
         "**The compared studies read different worlds**: student aaaa (A), bbbb (C). A difference paired")
-    assert "one world (2 cells recorded none)" in compared_worlds_sentence({"A": a, "D": d})
     assert "whether the studies read one is not known" in compared_worlds_sentence({"D": d})
+
+
+def test_a_study_none_of_whose_cells_recorded_a_world_leaves_one_world_not_known():
+    recorded = {"outcome-r1-s0": {"student": "aaaa"}, "outcome-rfull-s0": {"student": "aaaa"}}
+    unrecorded = {"outcome-r1-s0": {}, "outcome-rfull-s0": {}}
+    assert compared_worlds_sentence({"A": recorded, "D": unrecorded}) == (
+        "The cells of D recorded no world (they predate the record): whether the studies read one is not known."), (
+        "one study's records alone cannot say that both read one world")
+
+
+def test_an_entry_only_some_compared_studies_read_is_named_with_its_readers_not_as_shared():
+    all_regimes = {"outcome-r1-s0": {"student": "aaaa"}, "process-r1-s0": {"prm": "pppp", "student": "aaaa"}}
+    outcome_only = {"outcome-r1-s0": {"student": "aaaa"}}
+    assert compared_worlds_sentence({"A": all_regimes, "B": outcome_only, "C": all_regimes}) == (
+        "The compared studies' cells read one world: student aaaa; only A and C read prm pppp (a hash of each entry's "
+        "files).")
 
 
 def test_the_report_writes_each_cells_world_record_as_a_table_that_reads_back_as_recorded(tmp_path):

@@ -167,6 +167,16 @@ def test_the_report_says_whether_both_studies_read_one_world_and_not_known_where
                                     "old (the analysis writes it since cells record their world).")
 
 
+def test_a_study_whose_worlds_csv_records_no_world_leaves_one_world_not_known(tmp_path):
+    verdicts = {("outcome", "r1"): "equivalent"}
+    original = study(tmp_path / "mini", verdicts, student="aaaa")
+    again = study(tmp_path / "again", verdicts)
+    worlds_frame({"outcome-r1-s0": {}, "outcome-rfull-s0": {}}).to_csv(again / WORLDS, index=False)
+    report = write_replication_report(original, again, NAMES, margin=0.05).read_text()
+    assert report.split("\n\n")[2] == ("The cells of again recorded no world (they predate the record): whether "
+                                        "the studies read one is not known.")
+
+
 def test_a_study_without_its_tables_is_named_with_what_to_run(tmp_path):
     (tmp_path / "equivalence.csv").write_text("regime,arm\n")
     with pytest.raises(FileNotFoundError, match=r"has no gain\.csv: run that study's analysis first"):

@@ -167,24 +167,36 @@ def frame_worlds(frame: pd.DataFrame) -> dict[str, dict[str, str]]:
 def compared_worlds_sentence(worlds: dict[str, dict[str, dict[str, str]]],
                              consequence: str = PAIRED_CONSEQUENCE) -> str:
     """Whether the compared studies' cells read one world, entry by entry, from each study's cells' records (study
-    -> cell -> Cells.worlds' record); `consequence` says what two worlds mean for the comparison."""
+    -> cell -> Cells.worlds' record); not known where a study's cells recorded none; `consequence` says what two
+    worlds mean for the comparison."""
+    if unrecorded_studies := [study for study, cells in worlds.items() if not any(cells.values())]:
+        return (f"The cells of {' and '.join(unrecorded_studies)} recorded no world (they predate the record): "
+                f"whether the studies read one is not known.")
     records = [(study, record) for study, cells in worlds.items() for record in cells.values()]
     read: dict[str, dict[str, set[str]]] = {}  # entry -> fingerprint -> the studies whose cells read it
     for study, record in records:
         for entry, value in record.items():
             read.setdefault(entry, {}).setdefault(value, set()).add(study)
     seen = {entry: read[entry] for entry in world_entries(record for _, record in records)}
-    if not seen:
-        return "The cells recorded no world (they predate the record): whether the studies read one is not known."
     unrecorded = sum(not record for _, record in records)
     caveat = f" ({unrecorded} cell{'s' * (unrecorded > 1)} recorded none)" if unrecorded else ""
     differing = {entry: values for entry, values in seen.items() if len(values) > 1}
     if not differing:
-        one = ", ".join(f"{entry} {next(iter(values))}" for entry, values in seen.items())
-        return f"The compared studies' cells read one world{caveat}: {one} (a hash of each entry's files)."
+        return _one_world_sentence(seen, set(worlds), caveat)
     parts = [f"{entry} " + ", ".join(f"{value} ({', '.join(sorted(names))})" for value, names in values.items())
              for entry, values in differing.items()]
     return f"**The compared studies read different worlds**{caveat}: {'; '.join(parts)}. {consequence}"
+
+
+def _one_world_sentence(seen: dict[str, dict[str, set[str]]], studies: set[str], caveat: str) -> str:
+    """The compared studies' one world (entry -> its one fingerprint -> the studies that read it): the entries all
+    read, then each entry only some read, named with its readers."""
+    shared = {entry: next(iter(values)) for entry, values in seen.items() if set().union(*values.values()) == studies}
+    some = [f"only {' and '.join(sorted(readers))} read {entry} {value}"
+            for entry, values in seen.items() if entry not in shared for value, readers in values.items()]
+    one = [", ".join(f"{entry} {value}" for entry, value in shared.items())] if shared else []
+    said = "read one world" if shared else "read no world entry in common"
+    return f"The compared studies' cells {said}{caveat}: {'; '.join(one + some)} (a hash of each entry's files)."
 
 
 def gain_table(cells: Cells, confidence: float = 0.95) -> Table:
