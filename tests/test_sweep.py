@@ -6,7 +6,14 @@ import pandas as pd
 import pytest
 
 from reward_density.analysis.load import load_cells
-from reward_density.analysis.sweep import SCORES, chosen_rates, sweep_table, write_sweep_report
+from reward_density.analysis.sweep import (
+    SCORES,
+    SHARE_NOTE,
+    chosen_rates,
+    read_sweep_table,
+    sweep_table,
+    write_sweep_report,
+)
 from reward_density.experiment.profiles import RATE_CRITERIA, REPO_ROOT
 from reward_density.run.notebooks import execute_notebook
 
@@ -79,6 +86,34 @@ def test_the_sweep_table_reads_in_the_designs_order_ranks_ascending_then_fullft_
     assert list(frame["regime"]) == ["outcome"] * 5 + ["distillation"] * 5, "regimes out of the design's order"
     assert list(frame["arm"][:5]) == ["r2", "r16", "r16", "full", "full"], "ranks sorted as text, or FullFT not last"
     assert list(frame["learning_rate"][:5]) == [1e-4, 1e-4, 3e-4, 1e-5, 3e-5], "rates not ascending within an arm"
+
+
+def test_each_ranks_own_best_rate_is_written_in_rank_order(tmp_path):
+    curves = {None: {1e-5: PLATEAUED}, 16: {1e-4: PLATEAUED}, 2: {1e-4: PLATEAUED}, 1: {1e-4: PLATEAUED}}
+    frame = chosen_rates(sweep(tmp_path, ("outcome",), curves)).frame
+    assert [c for c in frame.columns if c.startswith("best_")] == ["best_r1", "best_r2", "best_r16"], (
+        "ranks sorted as text")
+
+
+def test_a_sweep_csv_read_back_renders_the_table_the_report_wrote_in_the_designs_order(tmp_path):
+    curves = {16: {3e-4: PLATEAUED, 5e-5: FLAT}, None: {3e-5: PLATEAUED, 1e-5: FLAT}, 2: {1e-4: CLIMBING}}
+    cells = sweep(tmp_path, ("distillation", "outcome"), curves)
+    write_sweep_report(cells, tmp_path / "out", "test")
+    written = tmp_path / "out" / "sweep.csv"
+    pd.read_csv(written).iloc[::-1].to_csv(written, index=False)  # rows in any order, rates among them as text
+    assert read_sweep_table(written).markdown == sweep_table(cells).markdown
+
+
+@pytest.mark.parametrize("study", ["mini_sweep", "mini_sweep_stopping"])
+def test_a_committed_sweep_report_shows_its_sweep_csv_as_the_code_renders_it(study):
+    folder = REPO_ROOT / "outputs" / study
+    table = read_sweep_table(folder / "sweep.csv")
+    pd.testing.assert_frame_equal(pd.read_csv(folder / "sweep.csv"), table.frame, obj=f"{study}/sweep.csv's order")
+    section = f"## Every arm at every rate\n\n{SHARE_NOTE}\n\n{table.markdown}"
+    assert (folder / "sweep.md").read_text().endswith(section), (
+        f"outputs/{study}/sweep.md's table is stale: rerun `./run_all.sh --profile {study} --stages analysis`")
+    best = [c for c in pd.read_csv(folder / "chosen_rates.csv").columns if c.startswith("best_")]
+    assert best == sorted(best, key=lambda column: int(column.removeprefix("best_r"))), "ranks sorted as text"
 
 
 def test_a_curve_with_no_gain_shows_a_dash_for_its_share_not_nan(tmp_path):

@@ -193,7 +193,12 @@ def _as_int(value) -> int:
 
 def regimes(cells: Cells) -> list[str]:
     """Regimes present, in the design's order, unknown ones after."""
-    present = set(cells.summaries["regime"])
+    return in_regime_order(cells.summaries["regime"])
+
+
+def in_regime_order(names: Iterable[str]) -> list[str]:
+    """These regimes, each once, in the design's order, unknown ones after."""
+    present = set(names)
     return [r for r in REGIME_ORDER if r in present] + sorted(present - set(REGIME_ORDER))
 
 

@@ -19,7 +19,7 @@ import pandas as pd
 
 from ..experiment.config import FULL
 from .dynamics import PLATEAU_REGIMES, PLATEAU_SHARE, is_plateau, last_quarter_share, share_text
-from .load import Cells, arms, regimes
+from .load import Cells, in_regime_order, regimes
 from .report import planned_sentence, provenance_sentence, world_sentence
 from .stopping import best_steps
 from .tables import Table, markdown_table
@@ -27,6 +27,7 @@ from .tables import Table, markdown_table
 # Per criterion a sweep may choose each arm's rate by (profiles.RATE_CRITERIA): the column of sweep_table's frame
 # that scores a rate, and how the report names it.
 SCORES = {"final": ("final", "final pass@1"), "best_step": ("best", "best pass@1 after step 0")}
+SHARE_NOTE = "Mean over seeds. A share shown as – belongs to a curve that ended no higher than it began."
 
 
 def _late_share(cells: Cells, regime: str, arms: list[str], rate: float) -> float:
@@ -38,23 +39,44 @@ def _late_share(cells: Cells, regime: str, arms: list[str], rate: float) -> floa
 
 def sweep_table(cells: Cells) -> Table:
     """Per regime, arm and learning rate, mean over seeds: final pass@1, the best pass@1 after step 0 and its step,
-    and the share of the gain made in the last quarter; regimes in the design's order, ranks ascending then FullFT,
-    rates ascending."""
+    and the share of the gain made in the last quarter; in the design's order (in_design_order)."""
     best = best_steps(cells.evals).set_index("cell")[["step", "pass1"]]
     summaries = cells.summaries.join(best.rename(columns={"step": "best_step", "pass1": "best_pass1"}), on="cell")
     frame = (summaries.groupby(["regime", "arm", "learning_rate"], sort=False)
              .agg(final=("final_pass1", "mean"), best=("best_pass1", "mean"), best_step=("best_step", "mean"),
                   seeds=("seed", "nunique"))
              .reset_index())
-    position = {"regime": regimes(cells).index, "arm": arms(cells).index}  # the design's order, not the text's
-    frame = frame.sort_values(["regime", "arm", "learning_rate"], ignore_index=True,
-                              key=lambda col: col.map(position[col.name]) if col.name in position else col)
+    frame = in_design_order(frame)
     frame["late_share"] = [_late_share(cells, r.regime, [r.arm], r.learning_rate) for r in frame.itertuples()]
+    return Table(frame, sweep_markdown(frame))
+
+
+def read_sweep_table(path: str | Path) -> Table:
+    """A sweep.csv (sweep_table's frame as write_sweep_report wrote it) read back, in the design's order."""
+    frame = in_design_order(pd.read_csv(path))
+    return Table(frame, sweep_markdown(frame))
+
+
+def in_design_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of regime, arm and learning rate in the design's order: regimes as load.in_regime_order lists them,
+    ranks ascending then FullFT, rates ascending (not the order cells loaded in, nor rates sorted as text)."""
+    position = {"regime": in_regime_order(frame["regime"]).index, "arm": _arm_position}
+    return frame.sort_values(["regime", "arm", "learning_rate"], ignore_index=True,
+                             key=lambda col: col.map(position[col.name]) if col.name in position else col)
+
+
+def _arm_position(arm: str) -> float:
+    """Where an arm sorts: by its rank (r16 after r2), FullFT last."""
+    return float("inf") if arm == FULL else int(arm[1:])
+
+
+def sweep_markdown(frame: pd.DataFrame) -> str:
+    """sweep_table's frame as the report's table of every arm at every rate."""
     rows = [[r.regime, r.arm, f"{r.learning_rate:g}", f"{r.final:.3f}", f"{r.best:.3f}", f"{r.best_step:.0f}",
              share_text(r.late_share), r.seeds] for r in frame.itertuples()]
     header = ["regime", "arm", "learning rate", "final pass@1", "best pass@1 after step 0", "its step (mean)",
               "share of gain in last 25%", "seeds"]
-    return Table(frame, markdown_table(header, rows))
+    return markdown_table(header, rows)
 
 
 def _best(by_rate: pd.DataFrame, score: str, needs_plateau: bool) -> tuple[float, float, bool]:
@@ -86,15 +108,15 @@ def chosen_rates(cells: Cells, by: str = "final", table: Table | None = None) ->
         by_rate = lora.groupby("learning_rate")[[column]].mean()
         by_rate["late_share"] = [_late_share(cells, regime, list(lora["arm"].unique()), rate) for rate in by_rate.index]
         lora_rate, lora_score, lora_plateau = _best(by_rate, column, needs_plateau)
-        per_rank = {arm: group.loc[group[column].idxmax(), "learning_rate"] for arm, group in lora.groupby("arm")}
+        per_rank = {arm: group.loc[group[column].idxmax(), "learning_rate"]
+                    for arm, group in sorted(lora.groupby("arm"), key=lambda kv: _arm_position(kv[0]))}
         rows.append({"regime": regime, "full": full_rate, "full_score": full_score, "full_plateau": full_plateau,
                      "lora": lora_rate, "lora_score": lora_score, "lora_plateau": lora_plateau,
                      "ratio": lora_rate / full_rate, **{f"best_{arm}": rate for arm, rate in per_rank.items()}})
         flag = {False: ", no rate plateaued" if needs_plateau else "", True: ""}
         lines.append([regime, f"{full_rate:g} ({full_score:.3f}{flag[full_plateau]})",
                       f"{lora_rate:g} ({lora_score:.3f}{flag[lora_plateau]})", f"{lora_rate / full_rate:.2g}x",
-                      ", ".join(f"{arm} {rate:g}"
-                                for arm, rate in sorted(per_rank.items(), key=lambda kv: int(kv[0][1:])))])
+                      ", ".join(f"{arm} {rate:g}" for arm, rate in per_rank.items())])
     header = ["regime", f"FullFT rate ({label})", f"LoRA rate ({label}, mean over ranks)", "LoRA / FullFT",
               "each rank's own best rate"]
     return Table(pd.DataFrame(rows), markdown_table(header, lines) if lines else "No regime with both arms.\n")
@@ -144,7 +166,7 @@ def write_sweep_report(cells: Cells, out_dir: str | Path, profile_name: str = ""
         chosen.markdown,
         "## Every arm at every rate",
         "",
-        "Mean over seeds. A share shown as – belongs to a curve that ended no higher than it began.",
+        SHARE_NOTE,
         "",
         table.markdown,
     ])
