@@ -88,6 +88,14 @@ def test_the_sweep_table_reads_in_the_designs_order_ranks_ascending_then_fullft_
     assert list(frame["learning_rate"][:5]) == [1e-4, 1e-4, 3e-4, 1e-5, 3e-5], "rates not ascending within an arm"
 
 
+def test_the_dash_note_names_both_reasons_a_share_is_missing(tmp_path):
+    once = {0: 0.3, 4: 0.6}  # gained, but evaluated only at its first and last step
+    cells = sweep(tmp_path, ("outcome",), {None: {1e-5: once}, 1: {1e-4: FLAT}})
+    text = write_sweep_report(cells, tmp_path / "out", "test").read_text()
+    assert "| outcome | full | 1e-05 | 0.600 | 0.600 | 4 | – | 2 |" in text and "| outcome | r1 | 0.0001 |" in text
+    assert "ended no higher than it began, or that was evaluated at no step between its first and last" in text
+
+
 def test_each_ranks_own_best_rate_is_written_in_rank_order(tmp_path):
     curves = {None: {1e-5: PLATEAUED}, 16: {1e-4: PLATEAUED}, 2: {1e-4: PLATEAUED}, 1: {1e-4: PLATEAUED}}
     frame = chosen_rates(sweep(tmp_path, ("outcome",), curves)).frame

@@ -27,7 +27,8 @@ from .tables import Table, markdown_table
 # Per criterion a sweep may choose each arm's rate by (profiles.RATE_CRITERIA): the column of sweep_table's frame
 # that scores a rate, and how the report names it.
 SCORES = {"final": ("final", "final pass@1"), "best_step": ("best", "best pass@1 after step 0")}
-SHARE_NOTE = "Mean over seeds. A share shown as – belongs to a curve that ended no higher than it began."
+SHARE_NOTE = ("Mean over seeds. A share shown as – belongs to a curve that ended no higher than it began, or that was "
+              "evaluated at no step between its first and last.")
 
 
 def _late_share(cells: Cells, regime: str, arms: list[str], rate: float) -> float:
