@@ -98,6 +98,16 @@ def test_an_undecided_rank_does_not_stop_two_disjoint_ranges_from_being_ordered(
     assert density_answer(needed_ranks(frame)).startswith("The needed rank grows with the reward's density")
 
 
+def test_known_pairs_that_go_both_ways_are_not_steady_growth_whatever_an_unknown_pair_is():
+    # outcome at most r1 < process r4 > distillation at most r2; outcome against distillation overlaps (unknown).
+    frame = equivalence(outcome={1: EQUIVALENT, 2: EQUIVALENT}, process={1: BEHIND, 2: BEHIND, 4: EQUIVALENT},
+                        distillation={1: INCONCLUSIVE, 2: EQUIVALENT})
+    assert growth(needed_ranks(frame)) == "not steadily"
+    assert density_answer(needed_ranks(frame)).startswith(
+        "The needed rank neither grows nor shrinks steadily with the reward's density: outcome (O(1)): r1 or less; "
+        "process (O(S)): r4; distillation (O(N)): r2 or less (r1 inconclusive).")
+
+
 def test_two_regimes_that_every_rank_trails_cannot_be_ordered():
     # Both need more than r16, the largest rank run: one may need r32, the other r256.
     frame = equivalence(outcome={1: BEHIND, 16: BEHIND}, distillation={1: BEHIND, 16: BEHIND})

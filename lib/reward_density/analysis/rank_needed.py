@@ -135,6 +135,8 @@ def growth(needed: list[NeededRank]) -> str:
     if not orders:
         return ONE_DENSITY
     found = set(orders.values())
+    if {"more", "less"} <= found:  # settled whatever the unknown pairs turn out to be
+        return "not steadily"
     if None in found:
         return "cannot tell"
     if found == {"same"}:
