@@ -1,6 +1,7 @@
 """The mini world: golds verify, a smoke world builds, reloads through from_pretrained and feeds every reward."""
 import json
 import random
+import shutil
 
 import pytest
 import torch
@@ -221,6 +222,17 @@ def test_a_student_that_misses_its_target_stops_the_build_and_keeps_what_was_bui
         build_world(config, tmp_path, log=lambda line: None)
     built = set(json.loads((tmp_path / "manifest.json").read_text())["components"])
     assert built == {"problems", "control", "tokenizer", "teacher"}, "the teacher, built beside the student, is kept"
+
+
+def test_a_rejected_rebuild_leaves_the_component_stale_for_the_settings_it_replaced(world, tmp_path):
+    folder = tmp_path / "world"
+    shutil.copytree(world[0], folder)
+    rejected = world_config("smoke", student={"hidden": 64}, student_target=0.9, student_tolerance=0.05)
+    with pytest.raises(WorldBuildError, match="not within"):
+        build_world(rejected, folder, log=lambda line: None)
+    assert load_causal_lm(folder / "student").config.hidden_size == 64, "the rejected student is on disk"
+    assert stale_components(world_config("smoke"), folder) == ["student"], \
+        "the old settings must rebuild the student, never reuse the rejected one as up to date"
 
 
 @pytest.mark.parametrize("record, said", [

@@ -449,26 +449,38 @@ def _build_stage(names: list[str], config: WorldConfig, out_dir: Path) -> tuple[
 def build_world(config: WorldConfig, out_dir: Path, force: bool = False, log: Callable[[str], None] = print) -> dict:
     """Build what is missing or stale, skip what exists with the same settings; returns the manifest.
 
-    The manifest is rewritten after every stage, so a failure keeps everything built before it.
+    The manifest is rewritten after every stage, so a failure keeps everything built before it; a component is
+    dropped from it before its folder is replaced, so the manifest never describes a folder it does not hold.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     todo = COMPONENTS if force else stale_components(config, out_dir)
     keys = component_keys(config)
-    components = {n: v for n, v in read_manifest(out_dir).get("components", {}).items()
-                  if n not in todo and n in COMPONENTS}
+    components = {n: v for n, v in read_manifest(out_dir).get("components", {}).items() if n in COMPONENTS}
     for stage in STAGES:
+        names = [n for n in stage if n in todo]
         for name in stage:
             if name not in todo:
                 log(f"[world] {name}: up to date")
-            else:
+        if names:
+            # Out of the manifest before the folders change: a failed build must not leave its rejected model
+            # under the old key (which a return to the old settings would call up to date).
+            for name in names:
+                components.pop(name, None)
+            _write_manifest(config, components, out_dir)
+            for name in names:
                 shutil.rmtree(out_dir / name, ignore_errors=True)
-        built, errors = _build_stage([n for n in stage if n in todo], config, out_dir)
+        built, errors = _build_stage(names, config, out_dir)
         for name, (info, seconds) in built.items():
             components[name] = {"key": keys[name], "seconds": round(seconds, 1), **info}
             log(f"[world] {name}: built in {components[name]['seconds']} s")
         if built:
-            write_json_atomic(out_dir / "manifest.json", manifest(config=asdict(config), components=components))
+            _write_manifest(config, components, out_dir)
         if errors:
             raise errors[0]
     return read_manifest(out_dir)
+
+
+def _write_manifest(config: WorldConfig, components: dict[str, dict], out_dir: Path) -> None:
+    """manifest.json: the settings, and the components the folder holds as built."""
+    write_json_atomic(out_dir / "manifest.json", manifest(config=asdict(config), components=components))
