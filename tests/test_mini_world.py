@@ -235,6 +235,22 @@ def test_a_rejected_rebuild_leaves_the_component_stale_for_the_settings_it_repla
         "the old settings must rebuild the student, never reuse the rejected one as up to date"
 
 
+@pytest.mark.parametrize("stricter, said", [
+    ({"student_tolerance": 0.01}, r"the world's student was built with dev greedy pass@1 0\.\d{3}, not within 0\.01 "
+                                  r"of its target 0\.0: student_tolerance is in no component key"),
+    ({"teacher_min_accuracy": 0.99}, r"the world's teacher was built with dev greedy pass@1 0\.\d{3}, below its "
+                                     r"minimum 0\.99: teacher_min_accuracy is in no component key"),
+])
+def test_an_up_to_date_world_whose_recorded_accuracy_fails_a_stricter_threshold_stops_the_build(world, stricter,
+                                                                                                 said):
+    folder, manifest = world
+    config = world_config("smoke", **stricter)
+    assert stale_components(config, folder) == [], "thresholds are in no key"
+    with pytest.raises(WorldBuildError, match=said):
+        build_world(config, folder, log=lambda line: None)
+    assert json.loads((folder / "manifest.json").read_text()) == manifest, "the stricter threshold was recorded"
+
+
 @pytest.mark.parametrize("record, said", [
     ({"problem_id": "p1", "prompt": "2 + 2 =", "answer": None}, "got prompt '2 + 2 =', answer None"),
     ({"problem_id": "p1", "prompt": "2 + 2 =", "answer": ""}, "got prompt '2 + 2 =', answer ''"),

@@ -301,16 +301,36 @@ def _pretrain_lm(ctx: _Context, name: str, spec: ModelSpec, clean: bool, trainin
     }
 
 
+def _missed_threshold(name: str, accuracy: float, config: WorldConfig) -> str | None:
+    """How a student's or teacher's dev accuracy misses its acceptance threshold, or None when it meets it."""
+    if name == "student" and abs(accuracy - config.student_target) > config.student_tolerance:
+        return f"not within {config.student_tolerance} of its target {config.student_target}"
+    if name == "teacher" and accuracy < config.teacher_min_accuracy:
+        return f"below its minimum {config.teacher_min_accuracy}"
+    return None
+
+
+def _check_recorded_accuracies(config: WorldConfig, components: dict[str, dict]) -> None:
+    """Hold the student and teacher the manifest records to today's thresholds, which no key holds."""
+    for name in ("student", "teacher"):
+        if name in components and (missed := _missed_threshold(name, components[name]["accuracy"], config)):
+            setting = "student_tolerance" if name == "student" else "teacher_min_accuracy"
+            raise WorldBuildError(
+                f"the world's {name} was built with dev greedy pass@1 {components[name]['accuracy']:.3f}, {missed}: "
+                f"{setting} is in no component key, so a stricter one does not rebuild the {name}; loosen it, or "
+                f"change the {name}'s training or size to rebuild it"
+            )
+
+
 def _build_student(ctx: _Context) -> dict[str, Any]:
     """The base: trained for student_training.max_steps on the realistic traces, the last weights kept."""
     c = ctx.config
     info = _pretrain_lm(ctx, "student", c.student, False, c.student_training, stop_at=math.inf,
                         pick=lambda snaps: snaps[-1])
-    if abs(info["accuracy"] - c.student_target) > c.student_tolerance:
+    if missed := _missed_threshold("student", info["accuracy"], c):
         raise WorldBuildError(
             f"the student's dev greedy pass@1 is {info['accuracy']:.3f} after {info['pretrain_steps']} steps, "
-            f"not within {c.student_tolerance} of its target {c.student_target}: change student_training.max_steps "
-            "or the task's p_direct"
+            f"{missed}: change student_training.max_steps or the task's p_direct"
         )
     return info
 
@@ -319,10 +339,10 @@ def _build_teacher(ctx: _Context) -> dict[str, Any]:
     c = ctx.config
     info = _pretrain_lm(ctx, "teacher", c.teacher, True, c.teacher_training, c.teacher_stop_accuracy,
                         pick=lambda snaps: max(snaps, key=lambda s: s[0]))
-    if info["accuracy"] < c.teacher_min_accuracy:
+    if missed := _missed_threshold("teacher", info["accuracy"], c):
         raise WorldBuildError(
             f"teacher reached greedy pass@1 {info['accuracy']:.3f} after {info['pretrain_steps']} steps, "
-            f"below its minimum {c.teacher_min_accuracy}: raise teacher_training.max_steps or the teacher size"
+            f"{missed}: raise teacher_training.max_steps or the teacher size"
         )
     return info
 
@@ -447,7 +467,8 @@ def _build_stage(names: list[str], config: WorldConfig, out_dir: Path) -> tuple[
 
 
 def build_world(config: WorldConfig, out_dir: Path, force: bool = False, log: Callable[[str], None] = print) -> dict:
-    """Build what is missing or stale, skip what exists with the same settings; returns the manifest.
+    """Build what is missing or stale, skip what exists with the same settings (once its recorded accuracy meets
+    today's thresholds); returns the manifest.
 
     The manifest is rewritten after every stage, so a failure keeps everything built before it; a component is
     dropped from it before its folder is replaced, so the manifest never describes a folder it does not hold.
@@ -457,6 +478,7 @@ def build_world(config: WorldConfig, out_dir: Path, force: bool = False, log: Ca
     todo = COMPONENTS if force else stale_components(config, out_dir)
     keys = component_keys(config)
     components = {n: v for n, v in read_manifest(out_dir).get("components", {}).items() if n in COMPONENTS}
+    _check_recorded_accuracies(config, {n: v for n, v in components.items() if n not in todo})
     for stage in STAGES:
         names = [n for n in stage if n in todo]
         for name in stage:
