@@ -85,8 +85,8 @@ print(components["problems"]["example"])
 # ## Pretraining curves
 #
 # The student trains for a fixed number of steps and keeps its last weights, which must land within
-# `student_tolerance` of its target; the teacher stops once it is accurate enough and keeps its best
-# evaluation.
+# `student_tolerance` of its target; the teacher stops once it is accurate enough (else at its last step)
+# and keeps the better of its last two evaluations.
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 3.5))

@@ -336,6 +336,8 @@ def _build_student(ctx: _Context) -> dict[str, Any]:
 
 
 def _build_teacher(ctx: _Context) -> dict[str, Any]:
+    """The teacher: trained on the clean traces until teacher_stop_accuracy or its last step, the better of its
+    last two evaluations kept (not its best overall: the built worlds chose so, and no key records the choice)."""
     c = ctx.config
     info = _pretrain_lm(ctx, "teacher", c.teacher, True, c.teacher_training, c.teacher_stop_accuracy,
                         pick=lambda snaps: max(snaps, key=lambda s: s[0]))
