@@ -103,6 +103,14 @@ def test_world_overrides_name_unknown_settings():
         world_config("huge")
 
 
+@pytest.mark.parametrize("part", ["student_training", "teacher_training", "prm_pretraining", "prm_training"])
+def test_a_training_seed_of_its_own_is_refused_naming_the_worlds_seed(part):
+    with pytest.raises(ValueError, match=rf"{part}\.seed is 7, but the world trains every model with the world's "
+                                         r"seed \(config\.seed: a profile's build_world\.seed, here 3\)"):
+        world_config("smoke", seed=3, **{part: {"seed": 7}})
+    assert world_config("smoke", seed=3, **{part: {"seed": 0}}).seed == 3, "the default is no choice of its own"
+
+
 # ------------------------------------------------------------------------------------ a built world
 
 

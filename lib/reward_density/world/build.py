@@ -61,6 +61,15 @@ MINI_TASK = TaskConfig(min_digits=1, max_digits=1, min_operands=4, max_operands=
                        direct_min_operands=5)
 
 
+# Their own seed is replaced by the world's (the builders' replace(..., seed=config.seed)), yet sits in the keys.
+SEEDED_BY_WORLD = ("student_training", "teacher_training", "prm_pretraining", "prm_training")
+
+
+def _default(cls: type, name: str) -> Any:
+    """The default of a dataclass field."""
+    return next(f.default for f in fields(cls) if f.name == name)
+
+
 @dataclass(frozen=True)
 class WorldConfig:
     """Every setting of the world; presets below, overrides from the world-building notebook."""
@@ -98,6 +107,14 @@ class WorldConfig:
             raise ValueError(f"prm_heldout_fraction must be in (0, 1), got {self.prm_heldout_fraction}")
         if self.prm_problems > self.n_train:
             raise ValueError(f"prm_problems ({self.prm_problems}) exceeds n_train ({self.n_train})")
+        for name in SEEDED_BY_WORLD:
+            seed, default = getattr(self, name).seed, _default(type(getattr(self, name)), "seed")
+            if seed != default:
+                raise ValueError(
+                    f"{name}.seed is {seed}, but the world trains every model with the world's seed (config.seed: "
+                    f"a profile's build_world.seed, here {self.seed}): set that instead and leave {name}.seed at "
+                    f"its default {default}"
+                )
 
     @property
     def splits(self) -> dict[str, int]:
