@@ -131,7 +131,8 @@ def _lines_to_text(lines: list[str]) -> str:
 
 
 def _slip(rng: random.Random, value: int) -> int:
-    """A plausible arithmetic slip: one digit off, never the right value, never negative."""
+    """A plausible arithmetic slip: off by 1, 10 or 100, never the right value, and negative only where the right
+    value is (the steps carried on from it may still go negative)."""
     wrong = value + rng.choice([-10, -1, 1, 10, 100])
     return wrong if wrong >= 0 and wrong != value else value + 1
 
