@@ -197,6 +197,22 @@ def test_a_world_build_that_would_replace_what_finished_cells_read_is_refused_be
     assert "outcome-r1-s0" not in error, "a cell that did not read the PRM was named"
 
 
+def test_a_refused_world_build_says_a_missing_component_folder_is_missing(root, monkeypatch, capsys):
+    world, _, keys = built_world(root)
+    folder = cell_dir(root, "process-r1-s0")
+    folder.mkdir(parents=True)
+    (folder / "params.json").write_text(json.dumps({"world_fingerprints": {"prm": fingerprint(world / "prm")}}))
+    (folder / "summary.json").write_text("{}")
+    shutil.rmtree(world / "teacher")
+    write_json_atomic(world / "manifest.json", read_json(world / "manifest.json") | {
+        "components": {name: {"key": "an older builder's" if name == "prm" else keys[name]} for name in keys}})
+    monkeypatch.setattr(stages, "run_stage", lambda *args: pytest.fail("the world was built"))
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "world"]) == 2
+    error = capsys.readouterr().err
+    assert ("would replace teacher, prm (its teacher folder is missing; its builder changed since it was built), "
+            "which 1 finished cell(s)") in error, error
+
+
 def test_a_world_another_run_is_reading_is_not_rebuilt_under_it_and_the_cells_stage_reads_it(root, monkeypatch,
                                                                                              capsys):
     world, build, _ = built_world(root)

@@ -91,20 +91,25 @@ def check_rebuild_keeps_cells(parameters: dict[str, Any], root: Path) -> list[st
              for folder, names in readers.items()]
     raise StaleCells(
         f"building the world in {world_dir} would replace {', '.join(replaced)} "
-        f"({_rebuild_reason(parameters, config, world_dir)}), which "
+        f"({_rebuild_reason(parameters, config, world_dir, replaced)}), which "
         f"{sum(map(len, readers.values()))} finished cell(s) read as they are now:\n" + "\n".join(lines) +
         "\nthose cells would be left without the world they ran on (the cells stage refuses them): move or delete "
         "their folders to rebuild, restore the build_world settings that built it (its manifest.json), or give "
         "this profile a build_world.out_dir of its own")
 
 
-def _rebuild_reason(parameters: dict[str, Any], config: WorldConfig, world_dir: Path) -> str:
-    """Why a world build would replace components: forced, settings changed (then -> now), or a new builder."""
+def _rebuild_reason(parameters: dict[str, Any], config: WorldConfig, world_dir: Path, replaced: list[str]) -> str:
+    """Why a world build would replace components: forced, settings changed (then -> now), folders missing, or a
+    new builder."""
     if parameters.get("force"):
         return "force is set"
     if changed := changed_build_settings(config, world_dir):
         return f"its settings changed: {changes_text(changed)}"
-    return "its builder changed since it was built"
+    missing = [name for name in replaced if not (world_dir / name).is_dir()]
+    reasons = [f"its {', '.join(missing)} folder{'s are' if len(missing) > 1 else ' is'} missing"] if missing else []
+    if len(missing) < len(replaced):
+        reasons.append("its builder changed since it was built")
+    return "; ".join(reasons)
 
 
 BASELINE_SETTINGS = ("temperature", "top_p", "max_new_tokens", "device", "teacher_device", "precision")
