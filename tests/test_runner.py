@@ -123,6 +123,23 @@ def test_a_finished_cell_trained_at_another_rate_stops_the_run_before_any_work_a
     assert not cell_dir(root, "process-r1-s0").exists(), "a cell ran although the run was refused"
 
 
+def test_a_run_that_analyses_refuses_a_stale_finished_cell_its_cells_filter_leaves_out(root, capsys):
+    assert run_matrix(profile_of(root), root, TRAIN, cells_filter="outcome-r1-*").finished == ["outcome-r1-s0"]
+    path = root / "params" / "tiny.yaml"
+    path.write_text(path.read_text().replace("lora: 0.0003", "lora: 0.001"))
+    for stages_, cells in (("cells,analysis", ["--cells", "process-*"]), ("analysis", [])):
+        capsys.readouterr()
+        assert main(["--profile", "tiny", "--root", str(root), "--stages", stages_, *cells]) == 2, stages_
+        error = capsys.readouterr().err
+        assert "outcome-r1-s0: learning_rate 0.0003 -> 0.001" in error, error
+    assert not cell_dir(root, "process-r1-s0").exists(), "a cell ran although the run was refused"
+    assert not (root / "outputs" / "tiny" / "report.md").exists(), "the analysis read the stale cell"
+    with pytest.raises(StaleCells, match="outcome-r1-s0"):  # the stage itself, called from anywhere
+        stages.stage_analysis(profile_of(root), root)
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells", "--cells", "process-*"]) == 0, (
+        "without the analysis, a run of other cells need not answer for this one")
+
+
 def test_a_finished_cell_whose_world_changed_since_stops_the_cells_stage_and_is_kept(root, capsys):
     assert run_matrix(profile_of(root), root, TRAIN, cells_filter="outcome-r1-*").finished == ["outcome-r1-s0"]
     folder, world = cell_dir(root, "outcome-r1-s0"), root / "outputs" / "smoke" / "world"

@@ -18,7 +18,15 @@ import sys
 from pathlib import Path
 
 from ..experiment.config import SFT
-from ..experiment.profiles import REPO_ROOT, Profile, ProfileError, find_profile, load_profile, resolve_world_entry
+from ..experiment.profiles import (
+    REPO_ROOT,
+    MatrixCell,
+    Profile,
+    ProfileError,
+    find_profile,
+    load_profile,
+    resolve_world_entry,
+)
 from .local import gpu_slots
 from .lock import FolderInUse, exclusive
 from .matrix import StaleCells, check_finished_cells, select_cells
@@ -73,9 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile = load_profile(find_profile(args.profile, root))
         check_notebook_sections(profile, root, args.stages)
-        if "cells" in args.stages:
-            # Before the world stage, which may rebuild the world: the cells stage compares the world itself.
-            check_finished_cells(profile, root, select_cells(profile, args.cells), world=False)
+        # Before the world stage, which may rebuild the world: the cells stage compares the world itself.
+        check_finished_cells(profile, root, cells_to_check(profile, args.stages, args.cells), world=False)
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
         slots = gpu_slots(args.gpus, profile) if args.gpus else None
@@ -110,6 +117,15 @@ def check_notebook_sections(profile: Profile, root: Path, stages: list[str]) -> 
         if unknown:
             raise ProfileError(f"{profile.path}: {section}.{unknown[0]}: unknown key; the parameters of "
                                f"notebooks/{notebook}: {', '.join(allowed)}")
+
+
+def cells_to_check(profile: Profile, stages: list[str], cells_filter: str | None) -> list[MatrixCell]:
+    """The cells whose settings a run must find unchanged: every cell when the analysis reads them all, else the
+    cells the cells stage selects (none without it). The --cells globs are validated whatever the stages."""
+    selected = select_cells(profile, cells_filter)
+    if "analysis" in stages:
+        return profile.cells()
+    return selected if "cells" in stages else []
 
 
 def _study_lock(profile: Profile, root: Path, stages: list[str]) -> contextlib.AbstractContextManager:
