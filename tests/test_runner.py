@@ -164,6 +164,29 @@ def test_a_finished_cell_whose_world_changed_since_stops_the_cells_stage_and_is_
     assert not cell_dir(root, "process-r1-s0").exists(), "a cell ran although the run was refused"
 
 
+def test_a_held_out_set_given_or_taken_away_since_a_cell_finished_stops_the_cells_stage(root, capsys):
+    assert run_matrix(profile_of(root), root, TRAIN, cells_filter="outcome-r1-*").finished == ["outcome-r1-s0"]
+    folder, world = cell_dir(root, "outcome-r1-s0"), root / "outputs" / "smoke" / "world"
+    (world / "problems" / "heldout.jsonl").write_text("{}\n")
+    read = fingerprints(cell_config(profile_of(root), "outcome", 1, 0, root=root).world_inputs)
+    params = read_json(folder / "params.json") | {"world_fingerprints": read}  # what the real notebook records
+    (folder / "params.json").write_text(json.dumps(params))
+    run = ["--profile", "tiny", "--root", str(root), "--stages", "cells", "--cells", "outcome-r1-*"]
+    assert main(run) == 0, "a cell of an unchanged world was refused"
+    path, heldout = root / "params" / "tiny.yaml", fingerprint(world / "problems" / "heldout.jsonl")
+    data = yaml.safe_load(path.read_text())
+    given = data | {"world": data["world"] | {"heldout": "outputs/smoke/world/problems/heldout.jsonl"}}
+    path.write_text(yaml.safe_dump(given))
+    capsys.readouterr()
+    assert main(run) == 2
+    assert f"outcome-r1-s0: world.heldout 'none' -> {heldout!r}" in capsys.readouterr().err
+    (folder / "params.json").write_text(json.dumps(params | {"world_fingerprints": read | {"heldout": heldout}}))
+    assert main(run) == 0, "the cell read the held-out set the profile gives"
+    path.write_text(yaml.safe_dump(data))
+    assert main(run) == 2
+    assert f"outcome-r1-s0: world.heldout {heldout!r} -> 'none'" in capsys.readouterr().err
+
+
 def built_world(root: Path) -> tuple[Path, dict, dict[str, str]]:
     """The tiny profile's world as its build leaves it (a manifest of the profile's settings and every component):
     its folder, the profile's build settings and the components' keys."""

@@ -103,10 +103,11 @@ def select_cells(profile: Profile, cells_filter: str | None) -> list[MatrixCell]
 
 
 def changed_settings(profile: Profile, cell: MatrixCell, root: Path,
-                     fingerprint_of: Callable[[str], str] | None = None) -> dict[str, tuple[Any, Any]]:
+                     fingerprint_of: Callable[[str | None], str] | None = None) -> dict[str, tuple[Any, Any]]:
     """The settings a finished cell ran with that the profile now gives otherwise: {name: (then, now)}; with
-    fingerprint_of (provenance.fingerprint), also the world entries it read that have changed since.
-    A setting its params.json does not record (one added to the schema since) is not compared."""
+    fingerprint_of (provenance.fingerprint), also the world entries it read that have changed since, an entry it
+    read and no longer reads, or the reverse, included (a world.heldout set or removed). A setting its params.json
+    does not record (one added to the schema since) is not compared, nor the world of a cell that recorded none."""
     params = profile.cells_dir(root) / cell.name / cell_folder.PARAMS
     try:
         recorded = read_json(params) if params.is_file() else {}
@@ -117,10 +118,13 @@ def changed_settings(profile: Profile, cell: MatrixCell, root: Path,
     now = json.loads(json.dumps({name: now[name] for name in COMPARED_SETTINGS}))  # tuples as JSON lists
     changed = {name: (recorded[name], value) for name, value in now.items()
                if name in recorded and recorded[name] != value}
-    if fingerprint_of is not None:
-        then = recorded.get(cell_folder.WORLD, {})
-        world = {name: fingerprint_of(source) for name, source in config.world_inputs.items() if name in then}
-        changed |= {f"world.{name}": (then[name], value) for name, value in world.items() if value != then[name]}
+    then = recorded.get(cell_folder.WORLD) or {}
+    if fingerprint_of is not None and then:
+        # Every entry a cell reads is recorded (config.world_inputs), so one missing on either side was not read.
+        inputs, absent = config.world_inputs, fingerprint_of(None)
+        world = {name: fingerprint_of(inputs.get(name)) for name in [*then, *(n for n in inputs if n not in then)]}
+        changed |= {f"world.{name}": (then.get(name, absent), value) for name, value in world.items()
+                    if value != then.get(name, absent)}
     return changed
 
 
