@@ -581,6 +581,33 @@ def test_the_baseline_is_measured_once_per_world_and_evaluation_settings(root):
     assert baseline() == 4
 
 
+@pytest.mark.parametrize("stage, section, key, values", [("baseline", "cell", "eval_max_new_tokens", (16, 9)),
+                                                         ("kl_bound", "kl_bound", "seeds", (1, 2))])
+def test_a_keyed_stage_that_fails_on_a_rerun_is_redone_rather_than_kept_under_its_old_key(root, monkeypatch, stage,
+                                                                                          section, key, values):
+    runs, failing = [], []
+
+    def run_stage(notebook, output, parameters, root_):
+        runs.append(parameters)
+        if failing:  # as a notebook that rewrote some of its results, then raised
+            raise NotebookFailed(Path(notebook), Path(output), "AssertionError")
+
+    monkeypatch.setattr(stages, "run_stage", run_stage)
+    data = yaml.safe_load((root / "params" / "tiny.yaml").read_text())
+    data["kl_bound"] = {"out_dir": "outputs/tiny/kl_bound"}
+
+    def run(value) -> int:
+        data[section][key] = value
+        (root / "params" / "tiny.yaml").write_text(yaml.safe_dump(data))
+        return main(["--profile", "tiny", "--root", str(root), "--stages", stage])
+
+    assert run(values[0]) == 0 and len(runs) == 1
+    failing.append(True)
+    assert run(values[1]) == 1 and len(runs) == 2
+    failing.clear()
+    assert run(values[0]) == 0 and len(runs) == 3, "the failed run's partial results passed for the first run's"
+
+
 FAKE_METHODS = '''# %% tags=["parameters"]
 outputs_dir = ""
 methods = {}

@@ -126,6 +126,14 @@ def _holds_key(out: Path, key: dict) -> bool:
         return False
 
 
+def _run_keyed(notebook: Path, output: Path, parameters: dict[str, Any], root: Path, key: dict) -> None:
+    """Run a keyed stage's notebook into output's folder, then record its key there; the old key goes first, so that
+    a run that fails after rewriting some results leaves them keyed to nothing (the next run redoes them)."""
+    (output.parent / KEY_FILE).unlink(missing_ok=True)
+    run_stage(notebook, output, parameters, root)
+    write_json_atomic(output.parent / KEY_FILE, key)
+
+
 def stage_baseline(profile: Profile, root: Path) -> None:
     """Student vs teacher capability (paper Table 2) and the base's greedy evaluations, once per world: skipped
     when the baseline folder holds the key of this world and these settings (a rebuilt world is measured anew)."""
@@ -144,8 +152,7 @@ def stage_baseline(profile: Profile, root: Path) -> None:
                   "profile": str(profile.path), "root": str(root), "batch_size": BASELINE_BATCH,
                   "answer_format": profile.cell["answer_format"]}  # in the key through the base evaluations
     print(f"baseline: notebooks/capability_baseline.py -> {out}", file=sys.stderr)
-    run_stage(root / "notebooks" / "capability_baseline.py", out / "capability_baseline.ipynb", parameters, root)
-    write_json_atomic(out / KEY_FILE, key)
+    _run_keyed(root / "notebooks" / "capability_baseline.py", out / "capability_baseline.ipynb", parameters, root, key)
 
 
 def stage_cells(
@@ -241,9 +248,8 @@ def stage_kl_bound(profile: Profile, root: Path) -> None:
         print(f"kl_bound: {out} holds these results already; skipped", file=sys.stderr)
         return
     print(f"kl_bound: notebooks/kl_bound.py -> {out}", file=sys.stderr)
-    run_stage(root / "notebooks" / "kl_bound.py", out / "kl_bound.ipynb", {**profile.kl_bound, "out_dir": str(out)},
-              root)
-    write_json_atomic(out / KEY_FILE, key)
+    _run_keyed(root / "notebooks" / "kl_bound.py", out / "kl_bound.ipynb", {**profile.kl_bound, "out_dir": str(out)},
+               root, key)
 
 
 def kl_bound_key(profile: Profile) -> dict[str, Any]:
