@@ -59,6 +59,17 @@ def test_results_a_run_rewrote_do_not_make_its_code_dirty(tmp_path):
     assert git_state(repo / "outputs")["dirty"] is True
 
 
+def test_a_new_file_git_does_not_ignore_makes_the_code_dirty_and_a_new_result_or_ignored_file_does_not(tmp_path):
+    repo = a_repository(tmp_path)
+    (repo / "outputs").mkdir()
+    (repo / "outputs" / "report.md").write_text("a run's new result\n")
+    (repo / "run.log").write_text("ignored\n")
+    assert git_state(repo)["dirty"] is False
+    (repo / "params").mkdir()
+    (repo / "params" / "new.yaml").write_text("profile: new\n")  # a profile, or code, not yet added
+    assert git_state(repo)["dirty"] is True
+
+
 def test_outside_a_checkout_there_is_no_commit_and_no_tree(tmp_path):
     assert git_state(tmp_path) == {"commit": None, "dirty": None}
     assert working_tree(tmp_path) is None

@@ -24,14 +24,14 @@ def _git(cwd: Path | str | None, *args: str, env: dict[str, str] | None = None) 
 
 
 def git_state(cwd: Path | None = None) -> dict[str, Any]:
-    """The commit checked out and whether tracked files other than outputs/ differ from it (None outside a git
-    checkout)."""
+    """The commit checked out and whether the files other than outputs/ differ from it: a tracked one changed, or a
+    new one git does not ignore (None outside a git checkout)."""
     # The code, not the results: a study rewrites committed outputs (a baseline, a report) as it runs, and a run on
     # clean code must not call itself dirty because an earlier stage or run wrote them.
     code = (":(top)", ":(top,exclude)outputs")
     try:
         return {"commit": _git(cwd, "rev-parse", "HEAD"),
-                "dirty": bool(_git(cwd, "status", "--porcelain", "--untracked-files=no", "--", *code))}
+                "dirty": bool(_git(cwd, "status", "--porcelain", "--untracked-files=normal", "--", *code))}
     except (OSError, subprocess.CalledProcessError):
         return {"commit": None, "dirty": None}
 
