@@ -492,6 +492,15 @@ def test_unknown_profile_lists_known(tmp_path):
     assert find_profile("tiny", tmp_path) == tmp_path / "params" / "tiny.yaml"
 
 
+def test_a_profile_given_by_a_relative_path_is_found_from_any_folder_after(tmp_path, monkeypatch):
+    (tmp_path / "params").mkdir()
+    write_profile(tmp_path / "params", tiny())
+    monkeypatch.chdir(tmp_path)
+    found = find_profile("params/tiny.yaml")
+    monkeypatch.chdir(tmp_path / "params")  # as a cell or stage notebook runs in the project root, not the caller's
+    assert found == tmp_path / "params" / "tiny.yaml" and load_profile(found).name == "tiny"
+
+
 def test_learning_rates_may_differ_per_regime(tmp_path):
     rates = {"outcome": {"lora": 1e-3, "full": 1e-4}, "process": {"lora": 2e-3, "full": 2e-4},
              "distillation": {"lora": 3e-3, "full": 3e-4}, "sft": {"lora": 4e-3, "full": 4e-4}}

@@ -233,7 +233,8 @@ def resolve_world_entry(value: str, root: Path) -> str:
 
 
 def find_profile(spec: str, root: Path = REPO_ROOT) -> Path:
-    """The YAML file of a profile given by name (looked up in root/params) or by path."""
+    """The YAML file of a profile given by name (looked up in root/params) or by path, as an absolute path: the
+    cells and stage notebooks it is passed to run in root, not in the caller's folder."""
     if spec.endswith((".yaml", ".yml")) or "/" in spec:
         path = Path(spec)
     else:
@@ -241,7 +242,7 @@ def find_profile(spec: str, root: Path = REPO_ROOT) -> Path:
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in (root / "params").glob("*.yaml"))) or "none"
         raise ProfileError(f"{path}: no such profile file (profiles in {root / 'params'}: {known})")
-    return path
+    return path.absolute()  # not resolve(): a profile file linked to another name is still named by its link
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
