@@ -446,6 +446,8 @@ def test_world_entries_resolve_local_paths_against_the_root_and_pass_hub_ids_thr
         ({"data": {"prompt_template": "{problem}", "problem_subsets": []}}, "data.problem_subsets = []", "non-empty"),
         ({"cluster": {"mem_gb": 8}}, "cluster.timeout_min: missing key", "required in cluster"),
         ({"cluster": {"timeout_min": 0.5}}, "cluster.timeout_min = 0.5", "a positive integer"),
+        ({"cluster": 5}, "cluster = 5", "a mapping of submitit executor settings"),
+        ({"cluster": {1: 2, "timeout_min": 3}}, "cluster.1", "a submitit executor setting's name"),
         # Settings that are each valid but that no cell can run together, caught before the world is built.
         ({"cell__precision": "bf16"}, "cell outcome-r1-s0: engine stacked", "set engine: peft, or change precision"),
         ({"cell__lora_dropout": 0.1}, "cell outcome-r1-s0: engine stacked", "change lora_dropout"),

@@ -387,7 +387,12 @@ class _Validator:
 
         The names themselves are checked by submitit when the executor is made, before any cell runs.
         """
-        data = self.mapping("cluster", value, ("timeout_min",), tuple(k for k in (value or {}) if isinstance(k, str)))
+        if not isinstance(value, dict):
+            raise self.error("cluster", value, "a mapping of submitit executor settings, timeout_min among them")
+        for key in value:
+            if not isinstance(key, str):
+                raise ProfileError(f"{self.path}: cluster.{key}: expected a submitit executor setting's name (text)")
+        data = self.mapping("cluster", value, ("timeout_min",), tuple(k for k in value if k != "timeout_min"))
         self.check("cluster.timeout_min", data["timeout_min"], positive_int)
         return dict(data)
 
