@@ -75,7 +75,7 @@ def cell_dir(root: Path, name: str) -> Path:
     return root / "outputs" / "tiny" / "cells" / name
 
 
-def test_cell_globs_select_cells_in_profile_order_and_one_that_matches_none_is_refused(root):
+def test_cell_globs_select_cells_in_profile_order_and_any_glob_matching_none_or_an_empty_list_is_refused(root):
     profile = profile_of(root)
     assert [c.name for c in select_cells(profile, None)] == [
         "outcome-r1-s0", "outcome-rfull-s0", "process-r1-s0", "process-rfull-s0"]
@@ -84,6 +84,12 @@ def test_cell_globs_select_cells_in_profile_order_and_one_that_matches_none_is_r
         "outcome-r1-s0", "process-r1-s0", "process-rfull-s0"]
     with pytest.raises(ValueError, match="matches no cell of profile tiny"):
         select_cells(profile, "distillation-*")
+    with pytest.raises(ValueError, match="procss-\\*, outcome-r3-s0 match no cell of profile tiny"):
+        select_cells(profile, "outcome-*,procss-*, outcome-r3-s0")  # the other globs' cells are no excuse
+    with pytest.raises(ValueError, match="names no glob"):
+        select_cells(profile, " , ")
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells", "--cells", ""]) == 2
+    assert not (root / "outputs" / "tiny" / "cells").exists(), "an empty --cells ran every cell"
 
 
 def test_parallel_cells_run_then_skip(root, monkeypatch):

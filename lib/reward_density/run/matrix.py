@@ -88,18 +88,21 @@ class Job:
 
 
 def select_cells(profile: Profile, cells_filter: str | None) -> list[MatrixCell]:
-    """The profile's cells whose names match any of the comma-separated globs (all when None)."""
+    """The profile's cells whose names match any of the comma-separated globs (all when None); refuse a filter
+    naming no glob, and each glob that matches no cell (a typo would silently leave its cells out)."""
     cells = profile.cells()
-    if not cells_filter:
+    if cells_filter is None:
         return cells
     globs = [glob.strip() for glob in cells_filter.split(",") if glob.strip()]
-    selected = [cell for cell in cells if any(fnmatch.fnmatchcase(cell.name, glob) for glob in globs)]
-    if not selected:
+    if not globs:
+        raise ValueError(f"--cells {cells_filter!r} names no glob; leave --cells out to run every cell")
+    unmatched = [glob for glob in globs if not any(fnmatch.fnmatchcase(cell.name, glob) for cell in cells)]
+    if unmatched:
         raise ValueError(
-            f"--cells {cells_filter!r} matches no cell of profile {profile.name} "
-            f"(names look like {cells[0].name}, {cells[-1].name})"
+            f"--cells {cells_filter!r}: {', '.join(unmatched)} {'matches' if len(unmatched) == 1 else 'match'} no "
+            f"cell of profile {profile.name} (names look like {cells[0].name}, {cells[-1].name})"
         )
-    return selected
+    return [cell for cell in cells if any(fnmatch.fnmatchcase(cell.name, glob) for glob in globs)]
 
 
 def changed_settings(profile: Profile, cell: MatrixCell, root: Path,
