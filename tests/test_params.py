@@ -440,6 +440,8 @@ def test_world_entries_resolve_local_paths_against_the_root_and_pass_hub_ids_thr
         ({"cell__precision": "fp16"}, "cell.precision = 'fp16'", "one of fp32, bf16"),
         ({"cell__micro_batch_size": 0}, "cell.micro_batch_size = 0", "a positive integer"),
         ({"cell__gradient_checkpointing": "no"}, "cell.gradient_checkpointing = 'no'", "true or false"),
+        ({"cell__device": "gpu"}, "cell.device = 'gpu'", "a torch device of type cpu, cuda, mps"),
+        ({"cell__prm_device": "cuda:x"}, "cell.prm_device = 'cuda:x'", "a torch device of type cpu, cuda, mps"),
         ({"data": {"prompt_template": "Solve {question}"}}, "data.prompt_template", "{problem} exactly once"),
         ({"data": {"problem_subsets": ["algebra"]}}, "data.prompt_template: missing key", "required in data"),
         ({"data": {"prompt_template": "{problem}", "subjects": []}}, "data.subjects: unknown key", "problem_subsets"),

@@ -8,7 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 Checker = Callable[[Any], Any]
+DEVICE_TYPES = ("cpu", "cuda", "mps")  # where a cell's models may run
 
 
 class InvalidValue(ValueError):
@@ -88,6 +91,21 @@ def non_empty_string(value: Any) -> str:
     """A non-empty string."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidValue("a non-empty string")
+    return value
+
+
+def torch_device(value: Any) -> str:
+    """A torch device a cell's models may run on: cpu, cuda, cuda:<index> or mps (whether this machine has it is
+    the cell's to find out: a profile is validated where its cells may not run)."""
+    expected = f"a torch device of type {', '.join(DEVICE_TYPES)} (e.g. cpu, cuda:1)"
+    if not isinstance(value, str):
+        raise InvalidValue(expected)
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        raise InvalidValue(expected) from None
+    if device.type not in DEVICE_TYPES:
+        raise InvalidValue(expected)
     return value
 
 

@@ -38,6 +38,7 @@ from .checks import (
     prompt_template,
     string_list,
     top_p_number,
+    torch_device,
 )
 
 FULL = "full"  # full fine-tuning's rank, as profiles, notebooks and cell names write it
@@ -181,9 +182,9 @@ class CellConfig:
     engine: str = setting("peft", check=one_of(*ENGINES),
                           doc="peft: one cell per process, any model | stacked: a regime and seed's arms in one "
                               "batched pass (Qwen3, fp32)")
-    device: str = setting("cpu", check=non_empty_string, doc="the student's device (policy and reference)")
-    teacher_device: str = setting("cpu", check=non_empty_string, doc="the distillation teacher's device")
-    prm_device: str = setting("cpu", check=non_empty_string, doc="the process reward model's device")
+    device: str = setting("cpu", check=torch_device, doc="the student's device (policy and reference)")
+    teacher_device: str = setting("cpu", check=torch_device, doc="the distillation teacher's device")
+    prm_device: str = setting("cpu", check=torch_device, doc="the process reward model's device")
     precision: str = setting("fp32", check=one_of(*PRECISIONS),
                              doc="fp32 | bf16 (autocast; trained weights stay fp32)")
     micro_batch_size: int | None = setting(None, check=optional(positive_int),
