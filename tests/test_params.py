@@ -449,6 +449,8 @@ def test_world_entries_resolve_local_paths_against_the_root_and_pass_hub_ids_thr
         ({"cluster": {"mem_gb": 8}}, "cluster.timeout_min: missing key", "required in cluster"),
         ({"cluster": {"timeout_min": 0.5}}, "cluster.timeout_min = 0.5", "a positive integer"),
         ({"cluster": 5}, "cluster = 5", "a mapping of submitit executor settings"),
+        ({"matrix__learning_rate__lora": [1.0e-4, 1.0000001e-4]}, "rates 0.0001 and 0.00010000001 both name the "
+         "cell outcome-r1-lr0.0001-s0", "give rates that differ within them"),
         ({"cluster": {1: 2, "timeout_min": 3}}, "cluster.1", "a submitit executor setting's name"),
         # Settings that are each valid but that no cell can run together, caught before the world is built.
         ({"cell__precision": "bf16"}, "cell outcome-r1-s0: engine stacked", "set engine: peft, or change precision"),

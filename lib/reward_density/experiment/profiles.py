@@ -364,8 +364,14 @@ class _Validator:
 
     def cells(self, profile: Profile) -> Profile:
         """The profile, once every cell's settings hold together (the rules between settings, CellConfig's), so
-        that a combination no cell can run stops the run before any work rather than failing every cell."""
+        that a combination no cell can run stops the run before any work rather than failing every cell; and no two
+        cells share a name (a folder), as two swept rates alike in the digits a name keeps would."""
+        named: dict[str, MatrixCell] = {}
         for cell in profile.cells():
+            if (twin := named.setdefault(cell.name, cell)) is not cell:
+                raise ProfileError(f"{self.path}: matrix.learning_rate: the rates {twin.learning_rate!r} and "
+                                   f"{cell.learning_rate!r} both name the cell {cell.name} (a name keeps 6 significant "
+                                   "digits): give rates that differ within them")
             try:
                 cell_config(profile, cell.regime, cell.rank, cell.seed, learning_rate=cell.learning_rate)
             except ValueError as exc:
