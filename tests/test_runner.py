@@ -538,6 +538,11 @@ def test_the_kl_bound_stage_runs_its_notebook_once_per_parameters(root, capsys):
     assert "holds these results already; skipped" in capsys.readouterr().err
 
 
+def test_the_kl_bound_stage_of_a_profile_without_one_says_it_has_nothing_to_do(root, capsys):
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "kl_bound"]) == 0
+    assert "kl_bound: profile tiny has no kl_bound section; nothing to do" in capsys.readouterr().err
+
+
 def test_the_committed_kl_bound_results_are_keyed_to_todays_code_so_a_fresh_clone_keeps_them():
     committed = read_json(REPO_ROOT / "outputs" / "mini" / "kl_bound" / stages.KEY_FILE)
     assert committed == stages.kl_bound_key(load_profile(REPO_ROOT / "params" / "mini.yaml")), (

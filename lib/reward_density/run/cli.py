@@ -171,7 +171,9 @@ def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: s
         if "analysis" in stages:
             with timed("analysis"):
                 stage_analysis(profile, root)
-        if "kl_bound" in stages and profile.kl_bound is not None:  # a profile without one has no such stage
+        if "kl_bound" in stages and profile.kl_bound is None:  # nothing to time
+            print(f"kl_bound: profile {profile.name} has no kl_bound section; nothing to do", file=sys.stderr)
+        elif "kl_bound" in stages:
             with timed("kl_bound"):
                 stage_kl_bound(profile, root)
     except (WorldUnreachable, StaleCells) as exc:
