@@ -29,7 +29,7 @@ from reward_density.experiment.provenance import (
     read_json,
     write_json_atomic,
 )
-from reward_density.run import notebooks, stages
+from reward_density.run import cli, notebooks, stages
 from reward_density.run.cli import _parser, check_notebook_sections, main
 from reward_density.run.local import gpu_slots, run_matrix
 from reward_density.run.lock import FolderInUse, exclusive, reading, replacing
@@ -287,6 +287,29 @@ def test_a_world_another_run_is_reading_is_not_rebuilt_under_it_and_the_cells_st
     path.write_text(path.read_text().replace(f"seed: {build['seed'] + 1}", f"seed: {build['seed']}", 1))
     assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells"]) == 0
     assert len(refused) == 1, "the cells stage ran without holding its world against a rebuild"
+
+
+def test_a_run_that_builds_its_world_holds_it_against_a_rebuild_from_the_build_to_its_last_reading_stage(
+        root, monkeypatch):
+    world, refused = root / "outputs" / "smoke" / "world", []
+
+    def another_runs_rebuild(*args):  # as another profile's world stage, at each point this run passes
+        with pytest.raises(FolderInUse) as caught:
+            with replacing(world, "a rebuild"):
+                pass
+        refused.append(caught.value)
+
+    def cells_stage(*args):
+        another_runs_rebuild()
+        return types.SimpleNamespace(ok=True, counts={})
+
+    monkeypatch.setattr(stages, "run_stage", lambda *args: None)
+    monkeypatch.setattr(cli, "check_world", another_runs_rebuild)  # just after the world stage
+    monkeypatch.setattr(stages, "stage_cells", cells_stage)
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "world,cells"]) == 0
+    assert len(refused) == 2, "the world was free to rebuild between the world stage and the cells"
+    with replacing(world, "a rebuild once the run is done"):
+        pass
 
 
 def test_a_finished_cell_with_a_damaged_params_file_is_named_and_kept(root, capsys):

@@ -149,15 +149,17 @@ def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: s
     )
 
     ok, timed, cells = True, StageTimes(), None
+    reads_world = bool({"baseline", "cells"} & set(stages))
     try:
-        if "world" in stages:
-            with timed("world"):
-                stage_world(profile, root)
-        reads_world = bool({"baseline", "cells"} & set(stages))
-        if reads_world:
-            read = {k: v for k, v in profile.world.items() if k != "control" or SFT in profile.matrix.regimes}
-            check_world({k: resolve_world_entry(v, root) for k, v in read.items()}, profile.data)
-        with reading_world(profile, root) if reads_world else contextlib.nullcontext():  # no rebuild meanwhile
+        with contextlib.ExitStack() as world_read:  # no other run rebuilds the world while these stages read it
+            if "world" in stages:
+                with timed("world"):
+                    stage_world(profile, root, then_read=world_read if reads_world else None)
+            elif reads_world:
+                world_read.enter_context(reading_world(profile, root))
+            if reads_world:
+                read = {k: v for k, v in profile.world.items() if k != "control" or SFT in profile.matrix.regimes}
+                check_world({k: resolve_world_entry(v, root) for k, v in read.items()}, profile.data)
             if "baseline" in stages:
                 with timed("baseline"):
                     stage_baseline(profile, root)

@@ -51,8 +51,10 @@ def analysis_parameters(profile: Profile, root: Path) -> dict[str, Any]:
     return {"profile": profile.name, "outputs_dir": str(profile.outputs_dir(root)), **settings}
 
 
-def stage_world(profile: Profile, root: Path) -> None:
-    """Build the world when the profile says how; the notebook skips components that are up to date."""
+def stage_world(profile: Profile, root: Path, then_read: contextlib.ExitStack | None = None) -> None:
+    """Build the world when the profile says how; the notebook skips components that are up to date. With then_read,
+    the world's read lock (reading_world) is taken into it before the build lock goes, so that no other run can
+    rebuild the world between this build and the stages that read it."""
     if profile.build_world is None:
         print(f"world: profile {profile.name} has no build_world; using {profile.world}", file=sys.stderr)
         return
@@ -63,6 +65,8 @@ def stage_world(profile: Profile, root: Path) -> None:
         with replacing(output.parent, "the world build") if replaced else contextlib.nullcontext():
             print(f"world: notebooks/build_world.py -> {output}", file=sys.stderr)
             run_stage(root / "notebooks" / "build_world.py", output, parameters, root)
+        if then_read is not None:  # after replacing's lock is dropped: the two would conflict in one process too
+            then_read.enter_context(reading(output.parent))
 
 
 def reading_world(profile: Profile, root: Path) -> contextlib.AbstractContextManager:
