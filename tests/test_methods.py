@@ -1,6 +1,7 @@
 """GRPO against its token-selection variants: the same arms paired across studies, the tokens in the loss, and the
 peak memory of a step."""
 import dataclasses
+import json
 
 import nbformat
 import pandas as pd
@@ -11,6 +12,7 @@ from test_analysis import N_PROBLEMS, write_cell
 
 from reward_density.analysis.load import load_cells
 from reward_density.analysis.methods import loss_tokens, method_accuracy, write_method_comparison
+from reward_density.experiment.cell_folder import PARAMS, WORLD
 from reward_density.experiment.profiles import REPO_ROOT, cell_config, find_profile, load_profile
 from reward_density.experiment.step_memory import MIB, method_memory, peak_allocated, step_peak_memory
 from reward_density.run.notebooks import execute_notebook
@@ -69,6 +71,21 @@ def test_the_comparison_is_written_with_its_figures(studies, tmp_path):
     assert "recorded no world" in text, "the comparison says whether its studies read one world"
     for figure in ("method_accuracy.png", "method_curves.png"):
         assert (tmp_path / "out" / "figures" / figure).stat().st_size > 0
+
+
+def test_the_worlds_compared_are_those_of_the_compared_regimes_cells(tmp_path):
+    # The baseline study also ran process, whose cells read a PRM; its outcome cells, the ones compared, did not.
+    write_cell(tmp_path / "grpo", "process", 4, 0, 5)
+    folders = {"GRPO": tmp_path / "grpo", "T-SPMO": tmp_path / "tspmo"}
+    method_study(folders["GRPO"], {4: [5, 5]})
+    method_study(folders["T-SPMO"], {4: [8, 8]})
+    for path in [path for folder in folders.values() for path in folder.rglob(PARAMS)]:
+        params = json.loads(path.read_text())
+        params[WORLD] = {"student": "s0", **({"prm": "p0"} if params["regime"] == "process" else {})}
+        path.write_text(json.dumps(params))
+    studies = {name: load_cells(folder) for name, folder in folders.items()}
+    text = write_method_comparison(studies, tmp_path / "out", "outcome", margin=0.05).read_text()
+    assert "read one world: student s0 (a hash" in text, f"the process cell's PRM entered the comparison: {text[:400]}"
 
 
 def test_the_notebook_compares_the_studies_that_ran_and_names_the_rest(tmp_path):

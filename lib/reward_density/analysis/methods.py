@@ -130,7 +130,7 @@ def write_method_comparison(studies: dict[str, Cells], out_dir: str | Path, regi
         f"# {' vs '.join(studies)} ({regime} regime)",
         "",
         *_studies_lines(studies, profiles or {}),
-        compared_worlds_sentence({name: cells.worlds for name, cells in studies.items()}),
+        compared_worlds_sentence({name: _compared_worlds(cells, regime) for name, cells in studies.items()}),
         "",
         f"## Accuracy: each method minus {base}",
         "",
@@ -156,6 +156,12 @@ def write_method_comparison(studies: dict[str, Cells], out_dir: str | Path, regi
     path = out / "method_comparison.md"
     path.write_text(text)
     return path
+
+
+def _compared_worlds(cells: Cells, regime: str) -> dict[str, dict[str, str]]:
+    """The world records of a study's cells in the compared regime (its other regimes read other entries)."""
+    compared = set(cells.summaries.loc[cells.summaries["regime"] == regime, "cell"])
+    return {cell: record for cell, record in cells.worlds.items() if cell in compared}
 
 
 def _studies_lines(studies: dict[str, Cells], profiles: dict[str, str]) -> list[str]:
