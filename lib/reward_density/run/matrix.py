@@ -125,7 +125,7 @@ def changed_settings(profile: Profile, cell: MatrixCell, root: Path,
     if fingerprint_of is not None and then:
         # Every entry a cell reads is recorded (config.world_inputs), so one missing on either side was not read.
         inputs, absent = config.world_inputs, fingerprint_of(None)
-        world = {name: fingerprint_of(inputs.get(name)) for name in [*then, *(n for n in inputs if n not in then)]}
+        world = {name: fingerprint_of(inputs.get(name)) for name in then | inputs}  # then's order, new ones after
         changed |= {f"world.{name}": (then.get(name, absent), value) for name, value in world.items()
                     if value != then.get(name, absent)}
     return changed
