@@ -33,7 +33,7 @@ from reward_density.run import cli, notebooks, stages
 from reward_density.run.cli import _parser, check_notebook_sections, main
 from reward_density.run.local import gpu_slots, run_matrix
 from reward_density.run.lock import FolderInUse, exclusive, reading, replacing
-from reward_density.run.matrix import StaleCells, cpu_count, select_cells
+from reward_density.run.matrix import StaleCells, cpu_count, select_cells, stop_signals_as_interrupt
 from reward_density.run.notebooks import NotebookFailed
 from reward_density.run.stages import benchmark_workload, run_stage, stage_benchmark
 from reward_density.world.build import BUILD_PARAMETERS, component_keys, config_from_parameters
@@ -490,7 +490,8 @@ def summaries(root: Path) -> dict[str, int]:
     return {p.parent.name: p.stat().st_mtime_ns for p in (root / "outputs/tiny/cells").glob("*/summary.json")}
 
 
-def test_a_run_stopped_by_sigterm_keeps_its_finished_cells_and_a_rerun_finishes_the_rest(root, monkeypatch):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_run_stopped_by_a_signal_keeps_its_finished_cells_and_a_rerun_finishes_the_rest(root, stop):
     env = {**os.environ, "FAKE_SLEEP": "2"}
     command = [sys.executable, "-m", "reward_density.run", "--profile", "tiny", "--root", str(root),
                "--stages", "cells"]
@@ -498,12 +499,12 @@ def test_a_run_stopped_by_sigterm_keeps_its_finished_cells_and_a_rerun_finishes_
     deadline = time.monotonic() + 60
     while not summaries(root) and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.1)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(stop)
     try:
-        assert process.wait(timeout=20) == 130
+        assert process.wait(timeout=20) == 130, f"the runner died of {stop.name} instead of stopping its cells"
     except subprocess.TimeoutExpired:
         process.kill()
-        pytest.fail("the runner ignored SIGTERM")
+        pytest.fail(f"the runner ignored {stop.name}")
     first = summaries(root)
     assert list(first) == ["outcome-r1-s0"], process.stderr.read().decode()
     for folder in (root / "outputs/tiny/cells").iterdir():
@@ -512,6 +513,20 @@ def test_a_run_stopped_by_sigterm_keeps_its_finished_cells_and_a_rerun_finishes_
     after = summaries(root)
     assert sorted(after) == ["outcome-r1-s0", "outcome-rfull-s0", "process-r1-s0", "process-rfull-s0"]
     assert after["outcome-r1-s0"] == first["outcome-r1-s0"]
+
+
+def test_a_hangup_a_run_was_told_to_ignore_stays_ignored_while_it_runs_its_cells():
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup starts it
+    try:
+        with stop_signals_as_interrupt():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN, "nohup's ignore was replaced"
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def test_a_second_run_of_a_profile_is_refused_while_one_is_in_progress_and_its_cells_are_kept(root, capsys):

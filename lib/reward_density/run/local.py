@@ -32,7 +32,7 @@ from .matrix import (
     prepare,
     progress_bar,
     record,
-    sigterm_as_interrupt,
+    stop_signals_as_interrupt,
 )
 from .notebooks import FAILURE_PREFIX, existing_notebook
 
@@ -149,7 +149,7 @@ def run_matrix(
     running: list[_Running] = []
     bar = progress_bar(profile, report, pending)
     try:
-        with sigterm_as_interrupt():
+        with stop_signals_as_interrupt():
             while pending or running:
                 while pending and free_slots:
                     env = cell_env(jobs, free_slots.pop(0))

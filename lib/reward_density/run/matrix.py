@@ -31,6 +31,7 @@ from ..experiment.profiles import MatrixCell, Profile, cell_config
 from ..experiment.provenance import fingerprint, read_json
 
 STOP_GRACE_SECONDS = 10.0  # how long a stopped cell may take to clean up before it is killed
+STOP_SIGNALS = ("SIGTERM", "SIGHUP")  # besides Ctrl-C, the signals that stop a run cleanly
 # What a finished cell's params.json must still agree with the profile on: what it trained and scored. Paths
 # (world, run) may move with the repository, and report_to only chooses where live curves go.
 COMPARED_SETTINGS = tuple(f.name for f in CellConfig.settings("matrix", "cell", "data") if f.name != "report_to")
@@ -286,8 +287,12 @@ def cpu_count() -> int:
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises KeyboardInterrupt like Ctrl-C (main thread only)."""
+def stop_signals_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise KeyboardInterrupt like Ctrl-C (main thread only).
+
+    SIGHUP is what a closed terminal or SSH session sends: handled, the runner stops its cells or cancels
+    its jobs instead of dying and leaving them running. A signal already ignored (nohup) stays ignored.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -295,8 +300,13 @@ def sigterm_as_interrupt() -> Iterator[None]:
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    stops = [getattr(signal, name) for name in STOP_SIGNALS if hasattr(signal, name)]  # Windows has no SIGHUP
+    previous = {signum: signal.getsignal(signum) for signum in stops}
+    for signum, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(signum, interrupt)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

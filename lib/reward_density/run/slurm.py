@@ -49,7 +49,7 @@ from .matrix import (
     prepare,
     progress_bar,
     record,
-    sigterm_as_interrupt,
+    stop_signals_as_interrupt,
 )
 from .notebooks import execute_cell, existing_notebook
 
@@ -191,7 +191,7 @@ def submit_matrix(
 ) -> RunReport:
     """Submit every selected, unfinished cell as one job array and wait; failures are collected, not raised.
 
-    Ctrl-C (or SIGTERM) while waiting cancels the jobs not done yet and re-raises: rerunning resumes.
+    Ctrl-C (or SIGTERM, SIGHUP) while waiting cancels the jobs not done yet and re-raises: rerunning resumes.
     """
     root = Path(root).resolve()
     notebook = existing_notebook(root / notebook, "cells")
@@ -204,7 +204,7 @@ def submit_matrix(
     jobs: list[tuple[Job, submitit.Job]] = []
     bar = progress_bar(profile, report, pending)
     try:
-        with sigterm_as_interrupt():
+        with stop_signals_as_interrupt():
             jobs = list(zip(pending, executor.map_array(run_cell_job, specs)))
             tqdm.write(f"submitted {len(jobs)} job(s) to {executor.folder}:", file=sys.stderr)
             for job, submitted in jobs:
