@@ -4,11 +4,13 @@ import torch
 
 from reward_density.data.problems import Problem
 from reward_density.data.sources import load_causal_lm, load_tokenizer
+from reward_density.grpo.deposits import Deposits
 from reward_density.grpo.logprobs import completion_logprobs
-from reward_density.grpo.loss import LossConfig
+from reward_density.grpo.loss import LossConfig, LossOutput
 from reward_density.grpo.policy import Policy, PolicyConfig
+from reward_density.grpo.rollout import Rollout
 from reward_density.grpo.sampler import SamplingConfig, sample_rollout
-from reward_density.grpo.step import StepConfig, grpo_step
+from reward_density.grpo.step import StepConfig, grpo_step, step_metrics
 from reward_density.rewards.distillation import DistillationReward
 from reward_density.tools.stand_ins import build_qwen3
 
@@ -70,6 +72,25 @@ def test_metrics_row_carries_every_contract_name(tiny_model_dir, tiny_tokenizer)
     assert not missing, f"metrics row lacks {missing}"
     assert metrics["len_max"] <= 8 and 0 <= metrics["frac_truncated"] <= 1
     assert metrics["deposits_mean"] == metrics["len_mean"], "distillation deposits on every completion token"
+
+
+@pytest.mark.parametrize(("answer_format", "expected"), [("boxed", 1 / 3), ("last_integer", 2 / 3)])
+def test_frac_answered_counts_answers_in_the_tasks_own_format(answer_format, expected):
+    completions = [r"so \boxed{7}", "3 * 4 = 12, so the product is 12", "no number here"]
+    n, width = len(completions), 4
+    mask = torch.ones(n, width, dtype=torch.long)
+    rollout = Rollout(torch.ones(n, 2, dtype=torch.long), torch.ones(n, 2, dtype=torch.long), mask.clone(), mask,
+                      torch.zeros(n, width), torch.zeros(n, dtype=torch.bool), n, ["q"] * n, completions, ["7"] * n)
+    deposits = Deposits(torch.zeros(n, width), torch.zeros(n, width, dtype=torch.bool), torch.zeros(n))
+    out = LossOutput(torch.zeros(()), 0.0, 0.0, 1.0)
+    config = StepConfig(group_size=n, sampling=SamplingConfig(max_new_tokens=width), answer_format=answer_format)
+    row = step_metrics(rollout, deposits, torch.zeros(n, width), None, out, 0.0, config)
+    assert row["frac_answered"] == pytest.approx(expected), f"{answer_format}: {row['frac_answered']}"
+
+
+def test_an_unknown_answer_format_is_refused_by_the_step():
+    with pytest.raises(ValueError, match="unknown answer format 'words'"):
+        StepConfig(group_size=2, sampling=SamplingConfig(max_new_tokens=4), answer_format="words")
 
 
 def test_the_step_time_splits_into_generate_reward_reference_and_train(tiny_model_dir, tiny_tokenizer):

@@ -248,12 +248,18 @@ class LastIntegerChecker:
         self.close()
 
 
-ANSWER_FORMATS = ("boxed", "last_integer")
 Checker = AnswerChecker | LastIntegerChecker  # what make_checker returns: one answer format's checker
+CHECKERS: dict[str, type[Checker]] = {"boxed": AnswerChecker, "last_integer": LastIntegerChecker}
+ANSWER_FORMATS = tuple(CHECKERS)
+
+
+def checker_class(answer_format: str) -> type[Checker]:
+    """The checker class of a task's answer format (its has_answer needs no instance)."""
+    if answer_format not in CHECKERS:
+        raise ValueError(f"unknown answer format {answer_format!r}; expected one of {ANSWER_FORMATS}")
+    return CHECKERS[answer_format]
 
 
 def make_checker(answer_format: str) -> Checker:
     """The checker of a task's answer format: math-verify on a \\boxed{} answer, or the last integer."""
-    if answer_format not in ANSWER_FORMATS:
-        raise ValueError(f"unknown answer format {answer_format!r}; expected one of {ANSWER_FORMATS}")
-    return AnswerChecker() if answer_format == "boxed" else LastIntegerChecker()
+    return checker_class(answer_format)()

@@ -46,7 +46,8 @@ def step_config(config: CellConfig) -> StepConfig:
         TokenSelection(config.token_alpha, config.token_k, config.token_p)
     return StepConfig(config.group_size, sampling, loss, config.advantage_eps, config.max_grad_norm,
                       precision=config.precision, micro_batch_size=config.micro_batch_size, track_kl=config.track_kl,
-                      advantage_estimator=config.advantage_estimator, token_selection=selection, l2=config.l2)
+                      advantage_estimator=config.advantage_estimator, token_selection=selection, l2=config.l2,
+                      answer_format=config.answer_format)
 
 
 def replay_config(config: CellConfig) -> ReplayConfig | None:

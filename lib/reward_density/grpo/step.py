@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..data.answer_check import has_boxed_answer
+from ..data.answer_check import checker_class
 from ..data.problems import Problem
 from ..data.steps import split_steps
 from .advantages import ADVANTAGE_ESTIMATORS, compute_advantages
@@ -48,6 +48,7 @@ class StepConfig:
     advantage_estimator: str = "group"  # group: GRPO's (Eq. 3-4); prefix_trie: T-SPMO's over the group's trie
     token_selection: TokenSelection | None = None  # S-GRPO's subset of tokens in the loss; None: all (GRPO)
     l2: float = 0.0  # lambda of T-SPMO's penalty lambda * sum ||W||^2 on the LoRA weights (its Eq. 10)
+    answer_format: str = "boxed"  # how the task states an answer (data/answer_check.py): for frac_answered
 
     def __post_init__(self) -> None:
         if self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
@@ -62,6 +63,7 @@ class StepConfig:
         if not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
         check_precision(self.precision)
+        checker_class(self.answer_format)
         size = self.micro_batch_size
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ValueError(f"micro_batch_size must be a positive integer or None, got {size!r}")
@@ -110,7 +112,7 @@ def grpo_step(
     timings = {"step_seconds": done - start, "generate_seconds": generated - start,
                "reward_seconds": rewarded - generated, "reference_seconds": referenced - rewarded,
                "train_seconds": done - referenced}
-    row = step_metrics(rollout, deposits, advantages, subset, out, float(grad_norm)) | timings
+    row = step_metrics(rollout, deposits, advantages, subset, out, float(grad_norm), config) | timings
     if replay is None:
         return row
     replay.add(problems, rollout, deposits.trajectory_rewards, special_token_ids(tokenizer)[0])
@@ -161,8 +163,9 @@ def l2_penalty(parameters: Sequence[torch.Tensor], coefficient: float) -> torch.
 
 
 def step_metrics(rollout: Rollout, deposits: Deposits, advantages: torch.Tensor, subset: torch.Tensor | None,
-                 out: LossOutput, grad_norm: float) -> dict[str, float]:
+                 out: LossOutput, grad_norm: float, config: StepConfig) -> dict[str, float]:
     """The metrics row of one policy's step: statistics over valid tokens only."""
+    answered = checker_class(config.answer_format).has_answer
     mask = rollout.completion_mask.bool()
     valid = advantages[mask]
     lengths = mask.sum(-1).float()
@@ -180,7 +183,7 @@ def step_metrics(rollout: Rollout, deposits: Deposits, advantages: torch.Tensor,
         "len_mean": float(lengths.mean()),
         "len_max": float(lengths.max()),
         "frac_truncated": float(rollout.truncated.float().mean()),
-        "frac_answered": sum(map(has_boxed_answer, rollout.completions)) / rollout.num_completions,
+        "frac_answered": sum(map(answered, rollout.completions)) / rollout.num_completions,
         "steps_mean": sum(len(split_steps(t)) for t in rollout.completions) / rollout.num_completions,
         "deposits_mean": float(deposits.deposit_mask.sum(-1).float().mean()),  # per completion: the reward's density
         **deposits.counters,
@@ -237,7 +240,7 @@ def stacked_grpo_step(
     timings = {"step_seconds": done - start, "generate_seconds": generated - start,
                "reward_seconds": rewarded - generated, "reference_seconds": referenced - rewarded,
                "train_seconds": done - referenced, "arms": policy.n_arms}
-    return [step_metrics(share, d, adv, subset, out, float(norm)) | timings
+    return [step_metrics(share, d, adv, subset, out, float(norm), config) | timings
             for share, d, adv, subset, out, norm in zip(shares, deposits, advantages, subsets, outs, grad_norms)]
 
 
