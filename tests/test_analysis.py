@@ -1,4 +1,5 @@
 """Analysis over synthetic cell folders: loading, tables, figures and the report."""
+import dataclasses
 import json
 
 import numpy as np
@@ -8,7 +9,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
 from scipy import stats
 
-from reward_density.analysis.dynamics import is_plateau, last_quarter_share
+from reward_density.analysis.dynamics import collapse_table, is_plateau, last_quarter_share, mean_curve, plateau_table
 from reward_density.analysis.load import DamagedCell, arms, load_cells, regimes
 from reward_density.analysis.plots import FIGURES, VERDICT_COLORS, plot_equivalence, plot_pass1_vs_rank
 from reward_density.analysis.report import completion_tokens, matrix_counts, seeds_phrase, write_report
@@ -506,6 +507,33 @@ def test_the_report_adds_the_dev_chosen_comparison_when_cells_scored_dev_problem
     figure = tmp_path / "analysis" / "figures" / "rank_needed_chosen.png"
     assert "(figures/rank_needed_chosen.png)" in text and figure.is_file()
     assert set(chosen["verdict"]) <= {"equivalent", "different", "inconclusive"}
+
+
+def test_an_arms_curve_averages_its_seeds_only_at_steps_every_seed_evaluated():
+    evals = pd.DataFrame({"cell": ["s0"] * 4 + ["s1"] * 2, "step": [0, 100, 150, 200, 0, 100],
+                          "pass1": [0.2, 0.5, 0.7, 0.8, 0.4, 0.6]})
+    curve = mean_curve(evals)
+    assert curve.index.tolist() == [0, 100], f"steps only seed s0 evaluated entered the mean: {curve.to_dict()}"
+    assert curve.tolist() == pytest.approx([0.3, 0.55])
+
+
+def test_the_plateau_of_an_arm_whose_seeds_ran_different_lengths_reads_their_common_steps(outputs):
+    cells = load_cells(outputs)
+    longer = cells.evals[(cells.evals["cell"] == "outcome-rfull-s0") & (cells.evals["step"] == 4)].assign(step=6)
+    table = plateau_table(dataclasses.replace(cells, evals=pd.concat([cells.evals, longer])))
+    full = table.frame.set_index(["regime", "arm"]).loc[("outcome", "full")]
+    assert full["final_step"] == 4 and full["final"] == pytest.approx(0.7), "one seed's extra step was its final"
+
+
+def test_the_collapse_table_leaves_out_a_cell_without_advantage_std_and_shows_no_base_as_a_dash(outputs):
+    cells = load_cells(outputs)
+    history = cells.history.copy()
+    history.loc[history["cell"] == "process-r1-s0", "advantage_std"] = np.nan  # a cell from before the metric
+    evals = cells.evals[(cells.evals["regime"] != "outcome") | (cells.evals["step"] > 0)]
+    table = collapse_table(dataclasses.replace(cells, history=history, evals=evals))
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.markdown.splitlines()}
+    assert rows["outcome"].split(" | ")[4] == "–", f"no base, yet a collapse verdict: {rows['outcome']}"
+    assert rows["process"].split(" | ")[1:5] == ["1", "–", "0.650 (step 2)", "4"], rows["process"]
 
 
 def test_the_last_quarter_is_read_between_the_first_and_last_evaluation_never_at_the_last():

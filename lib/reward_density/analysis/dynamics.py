@@ -5,7 +5,10 @@ last quarter of its steps, read off the evaluation nearest to 75% of the steps; 
 plateau. Collapse (paper §5.3: advantage-std peak at step 28, length saturation at 70, pass@1 collapse at
 79): per regime, the mean over its cells of the step where the advantage std peaks and of the step where
 the completion length peaks, and the first evaluation after the pass@1 peak (mean over cells) at which
-pass@1 falls back below the base.
+pass@1 falls back below the base. That curve pools the regime's arms, so one arm's collapse can hide in it: the
+plateau table's per-arm finals are where an arm that ends below its base shows. In a dense regime the advantage std
+tracks the completion length alone (every group's deposits are normalised to unit variance), so there its peak
+is the length peak.
 """
 from __future__ import annotations
 
@@ -22,8 +25,9 @@ PLATEAU_REGIMES = ("outcome", "distillation")  # process may collapse; the SFT c
 
 def last_quarter_share(curve: pd.Series) -> tuple[int, float]:
     """The evaluation step nearest 75% of a pass@1 curve's steps (indexed by step, starting at 0; the earlier of
-    two as near, so the window is never shorter than a quarter), and the share of the total gain (final minus
-    step 0) made after it; nan when there is no gain, or no evaluation between the first and the last to read."""
+    two as near), and the share of the total gain (final minus step 0) made after it; nan when there is no gain,
+    or no evaluation between the first and the last to read. The window is a quarter exactly where 75% of the
+    steps is an evaluation step (every committed study); elsewhere it is as much longer or shorter."""
     final_step = curve.index.max()
     inside = curve.index[(curve.index > 0) & (curve.index < final_step)]
     if inside.empty:  # the final step would be its own "75%", and any curve a plateau
@@ -43,10 +47,17 @@ def share_text(share: float) -> str:
     return "–" if np.isnan(share) else f"{share:.0%}"
 
 
+def mean_curve(evals: pd.DataFrame) -> pd.Series:
+    """Mean pass@1 over the cells of an evaluation frame, at the steps every one of them evaluated (cells that ran
+    for different lengths, or missed an evaluation, would otherwise mix seeds from one step to the next)."""
+    cells_at = evals.groupby("step")["cell"].nunique()
+    common = cells_at.index[cells_at == evals["cell"].nunique()]
+    return evals[evals["step"].isin(common)].groupby("step")["pass1"].mean().sort_index()
+
+
 def _curve(cells: Cells, regime: str, arm: str) -> pd.Series:
-    """Mean pass@1 over seeds at each evaluation step of one arm."""
-    evals = cells.evals[(cells.evals["regime"] == regime) & (cells.evals["arm"] == arm)]
-    return evals.groupby("step")["pass1"].mean().sort_index()
+    """Mean pass@1 over seeds at each evaluation step of one arm (mean_curve)."""
+    return mean_curve(cells.evals[(cells.evals["regime"] == regime) & (cells.evals["arm"] == arm)])
 
 
 def plateau_table(cells: Cells) -> Table:
@@ -75,16 +86,14 @@ def plateau_table(cells: Cells) -> Table:
 
 def collapse_table(cells: Cells) -> Table:
     """Per regime: mean step of the advantage-std peak and of the length peak, and the pass@1 collapse step."""
-    rows = []
+    rows, collapse_texts = [], []
     for regime in regimes(cells):
         history = cells.history[cells.history["regime"] == regime]
         if history.empty or "advantage_std" not in history or history["advantage_std"].isna().all():  # SFT
             continue
-        per_cell = history.groupby("cell")
-        advantage_peak = per_cell.apply(lambda h: h.loc[h["advantage_std"].idxmax(), "step"]).mean()
-        length_peak = (per_cell.apply(lambda h: h.loc[h["len_mean"].idxmax(), "step"]).mean()
-                       if "len_mean" in history else float("nan"))
-        curve = cells.evals[cells.evals["regime"] == regime].groupby("step")["pass1"].mean().sort_index()
+        advantage_peak = _mean_peak_step(history, "advantage_std")
+        length_peak = _mean_peak_step(history, "len_mean") if "len_mean" in history else float("nan")
+        curve = mean_curve(cells.evals[cells.evals["regime"] == regime])
         peak_step = curve.idxmax()
         after = curve[(curve.index > peak_step) & (curve < curve.get(0, np.nan))]
         last = history[history["step"] == history["step"].max()]
@@ -93,15 +102,27 @@ def collapse_table(cells: Cells) -> Table:
                      "pass1_peak_step": int(peak_step), "pass1_peak": curve[peak_step],
                      "collapse_step": float(after.index[0]) if len(after) else float("nan"),
                      "final_frac_truncated": truncated})
+        collapse_texts.append(_collapse_text(rows[-1]["collapse_step"], has_base=0 in curve.index))
     frame = pd.DataFrame(rows, columns=["regime", "advantage_std_peak_step", "length_peak_step", "pass1_peak_step",
                                         "pass1_peak", "collapse_step", "final_frac_truncated"])
     lines = [[r.regime, f"{r.advantage_std_peak_step:.0f}", _step(r.length_peak_step),
               f"{r.pass1_peak:.3f} (step {r.pass1_peak_step})",
-              "none" if np.isnan(r.collapse_step) else f"{r.collapse_step:.0f}", f"{r.final_frac_truncated:.2f}"]
-             for r in frame.itertuples()]
+              collapse, f"{r.final_frac_truncated:.2f}"]
+             for r, collapse in zip(frame.itertuples(), collapse_texts)]
     header = ["regime", "advantage-std peak (step)", "length peak (step)", "pass@1 peak", "collapse below base (step)",
               "truncated at the end"]
     return Table(frame, markdown_table(header, lines) if lines else "No RL cell.\n")
+
+
+def _mean_peak_step(history: pd.DataFrame, column: str) -> float:
+    """Mean over cells of the step where a metric peaks; cells that never recorded it (all NaN) left out."""
+    recorded = history.dropna(subset=[column])
+    return float(recorded.loc[recorded.groupby("cell")[column].idxmax(), "step"].mean()) if len(recorded) else np.nan
+
+
+def _collapse_text(step: float, has_base: bool) -> str:
+    """The collapse step; "none" when pass@1 never fell below the base, "–" when there is no base to fall below."""
+    return "–" if not has_base else "none" if np.isnan(step) else f"{step:.0f}"
 
 
 def _step(value: float) -> str:

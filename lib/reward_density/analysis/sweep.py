@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..experiment.config import FULL
-from .dynamics import PLATEAU_REGIMES, PLATEAU_SHARE, is_plateau, last_quarter_share, share_text
+from .dynamics import PLATEAU_REGIMES, PLATEAU_SHARE, is_plateau, last_quarter_share, mean_curve, share_text
 from .load import Cells, in_regime_order, regimes
 from .report import planned_sentence, provenance_sentence, world_sentence
 from .stopping import best_steps
@@ -35,7 +35,7 @@ def _late_share(cells: Cells, regime: str, arms: list[str], rate: float) -> floa
     """The last-quarter share of gain of the mean curve (over seeds and the given arms) at one rate."""
     evals = cells.evals
     of_arms = evals[(evals["regime"] == regime) & evals["arm"].isin(arms) & np.isclose(evals["learning_rate"], rate)]
-    return last_quarter_share(of_arms.groupby("step")["pass1"].mean().sort_index())[1]
+    return last_quarter_share(mean_curve(of_arms))[1]
 
 
 def sweep_table(cells: Cells) -> Table:
