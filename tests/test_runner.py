@@ -574,6 +574,10 @@ def test_the_kl_bound_stage_runs_its_notebook_once_per_parameters(root, capsys):
     assert table.count("\n") == 3, "one row per seed and rank"
     assert main(["--profile", "tiny", "--root", str(root), "--stages", "kl_bound"]) == 0
     assert "holds these results already; skipped" in capsys.readouterr().err
+    notebook = root / "notebooks" / "kl_bound.py"
+    notebook.write_text(notebook.read_text() + "\nprint('a changed notebook')\n")
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "kl_bound"]) == 0
+    assert "skipped" not in capsys.readouterr().err, "a changed notebook was taken for the one that wrote the results"
 
 
 def test_the_kl_bound_stage_of_a_profile_without_one_says_it_has_nothing_to_do(root, capsys):
@@ -583,7 +587,7 @@ def test_the_kl_bound_stage_of_a_profile_without_one_says_it_has_nothing_to_do(r
 
 def test_the_committed_kl_bound_results_are_keyed_to_todays_code_so_a_fresh_clone_keeps_them():
     committed = read_json(REPO_ROOT / "outputs" / "mini" / "kl_bound" / stages.KEY_FILE)
-    assert committed == stages.kl_bound_key(load_profile(REPO_ROOT / "params" / "mini.yaml")), (
+    assert committed == stages.kl_bound_key(load_profile(REPO_ROOT / "params" / "mini.yaml"), REPO_ROOT), (
         "outputs/mini/kl_bound was computed for other code or parameters: ./run_all.sh would redo it and overwrite "
         "the committed results; rerun `./run_all.sh --stages kl_bound` and commit its outputs")
 
@@ -642,6 +646,7 @@ def test_a_keyed_stage_that_fails_on_a_rerun_is_redone_rather_than_kept_under_it
             raise NotebookFailed(Path(notebook), Path(output), "AssertionError")
 
     monkeypatch.setattr(stages, "run_stage", run_stage)
+    shutil.copy(REPO_ROOT / "notebooks" / "kl_bound.py", root / "notebooks" / "kl_bound.py")  # in the stage's key
     data = yaml.safe_load((root / "params" / "tiny.yaml").read_text())
     data["kl_bound"] = {"out_dir": "outputs/tiny/kl_bound"}
 

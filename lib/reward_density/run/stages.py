@@ -246,8 +246,9 @@ def stage_analysis(profile: Profile, root: Path) -> None:
 
 def stage_kl_bound(profile: Profile, root: Path) -> None:
     """Theorem 1 on Optdigits (notebooks/kl_bound.py) for a profile that asks for it; skipped when its folder
-    holds the key of these parameters and this version of the experiment's code."""
-    out, key = root / profile.kl_bound["out_dir"], kl_bound_key(profile)
+    holds the key of these parameters and this version of the experiment's code and notebook."""
+    existing_notebook(root / "notebooks" / "kl_bound.py", "kl_bound")  # in the key: a clear error before it is read
+    out, key = root / profile.kl_bound["out_dir"], kl_bound_key(profile, root)
     if _holds_key(out, key):
         print(f"kl_bound: {out} holds these results already; skipped", file=sys.stderr)
         return
@@ -256,7 +257,9 @@ def stage_kl_bound(profile: Profile, root: Path) -> None:
                root, key)
 
 
-def kl_bound_key(profile: Profile) -> dict[str, Any]:
-    """What the KL-bound results depend on: the profile's parameters and the experiment's code, as parsed, so that
-    rewrapping or commenting it does not redo them."""
-    return {"parameters": profile.kl_bound, "code": code_fingerprint(Path(kl_bound.__file__))}
+def kl_bound_key(profile: Profile, root: Path) -> dict[str, Any]:
+    """What the KL-bound results depend on: the profile's parameters, the experiment's code and the notebook that
+    runs it (its defaults fill the parameters the profile leaves out, and it writes the table), as parsed, so that
+    rewrapping or commenting them does not redo them."""
+    return {"parameters": profile.kl_bound, "code": code_fingerprint(Path(kl_bound.__file__)),
+            "notebook": code_fingerprint(root / "notebooks" / "kl_bound.py")}
