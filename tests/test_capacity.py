@@ -8,6 +8,8 @@ from test_analysis import write_cell
 from reward_density.analysis.capacity import arm_budgets, capacity_table, predicted_rank
 from reward_density.analysis.load import load_cells
 from reward_density.analysis.tables import equivalence_table
+from reward_density.experiment import cell_folder
+from reward_density.experiment.provenance import fingerprint
 
 TRAINED = {1: 20, 2: 40, 16: 320, None: 1000}  # trained parameters by rank (None: FullFT)
 
@@ -84,6 +86,19 @@ def test_an_sft_control_cell_whose_world_is_gone_is_left_out_not_counted_as_zero
     with_control(write_cell(tmp_path, "sft", 1, 0, 5), 1, tmp_path / "world", bits=60)
     (tmp_path / "world" / "manifest.json").unlink()
     assert arm_budgets(load_cells(tmp_path)).empty
+
+
+def test_an_sft_control_cell_whose_table_was_rebuilt_since_is_left_out_not_given_the_new_tables_bits(tmp_path):
+    folder = write_cell(tmp_path, "sft", 1, 0, 5)
+    with_control(folder, 1, tmp_path / "world", bits=60)
+    (tmp_path / "world" / "control").mkdir()
+    (tmp_path / "world" / "control" / "table.json").write_text('{"facts": 9}')
+    params = json.loads((folder / "params.json").read_text())
+    params[cell_folder.WORLD] = {"control": fingerprint(tmp_path / "world" / "control")}
+    (folder / "params.json").write_text(json.dumps(params))
+    assert arm_budgets(load_cells(tmp_path)).loc[0, "bits"] == 60, "the table the cell read"
+    (tmp_path / "world" / "control" / "table.json").write_text('{"facts": 12}')  # rebuilt with other settings
+    assert arm_budgets(load_cells(tmp_path)).empty, "a rebuilt table's bits were credited to a cell that read the old"
 
 
 def test_cells_that_recorded_no_deposits_are_named_as_such_not_counted_as_zero(tmp_path):

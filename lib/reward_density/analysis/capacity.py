@@ -17,6 +17,7 @@ import pandas as pd
 
 from ..experiment import cell_folder
 from ..experiment.config import SFT
+from ..experiment.provenance import fingerprint
 from ..world.build import read_manifest
 from .load import Cells, regimes
 from .rank_needed import needed_ranks
@@ -36,8 +37,12 @@ def _completions_per_step(params: dict) -> int:
 
 def control_bits(params: dict) -> float | None:
     """The SFT control table's information (world/control.py), from the manifest of the world whose control folder
-    the cell read; None where that manifest is gone or unreadable."""
+    the cell read; None where that manifest is gone or unreadable, or the folder now holds another table than the
+    one the cell recorded reading (a rebuilt world's manifest describes the new one)."""
     if not params.get("control"):
+        return None
+    read = params.get(cell_folder.WORLD, {}).get("control")
+    if read is not None and fingerprint(params["control"]) != read:
         return None
     try:
         manifest = read_manifest(Path(params["control"]).parent)
