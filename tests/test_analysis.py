@@ -486,6 +486,14 @@ def test_lora_and_fullft_are_compared_on_their_held_out_answers_at_their_chosen_
     assert table.loc["full", "step_mean"] == 4 and table.loc["r2", "n_seeds"] == 2
 
 
+def test_an_arm_with_one_seed_shows_its_chosen_step_without_an_sd(dev_chosen):
+    cells = load_cells(dev_chosen)
+    one_seed = cells.dev_evals[cells.dev_evals["seed"] == 0]
+    cells = dataclasses.replace(cells, dev_evals=one_seed)
+    markdown = chosen_table(cells, answers_at_chosen_steps(cells)).markdown
+    assert "nan" not in markdown and "| process | r1 | 2 | 0.600 | 0.700 | 1 |" in markdown, markdown
+
+
 def test_a_chosen_step_that_scored_only_the_curve_problems_is_a_clear_error(dev_chosen):
     answers = dev_chosen / "cells" / "process-r1-s0" / "answers.csv"
     frame = pd.read_csv(answers, dtype={"problem_id": str})

@@ -63,5 +63,6 @@ def chosen_table(cells: Cells, at_chosen: pd.DataFrame) -> Table:
 
 
 def _mean_sd(row, column: str, digits: int) -> str:
-    """"mean ± sd" of a column of chosen_table's frame."""
-    return f"{getattr(row, column + '_mean'):.{digits}f} ± {getattr(row, column + '_std'):.{digits}f}"
+    """"mean ± sd" of a column of chosen_table's frame; the mean alone for one seed (no sd)."""
+    mean, sd = getattr(row, column + "_mean"), getattr(row, column + "_std")
+    return f"{mean:.{digits}f}" if pd.isna(sd) else f"{mean:.{digits}f} ± {sd:.{digits}f}"
