@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from reward_density.data import answer_check
 from reward_density.data.answer_check import AnswerChecker, Verdict, has_boxed_answer, wrap_gold
 
 # 9^(9^9) has ~370 million digits; sympy tries to evaluate it and runs for minutes.
@@ -86,6 +87,15 @@ def test_pathological_answer_times_out_and_later_items_are_still_checked(checker
     # Unbounded, this verify ran past 300 s; bounded, it costs 1 s plus a worker restart (~1-2 s).
     # The generous limit keeps a busy CI machine from flaking while still proving the bound.
     assert elapsed < 60.0, f"a 1 s timeout took {elapsed:.1f}s to return"
+
+
+def test_a_full_verdict_cache_starts_over_without_losing_the_verdicts_of_the_batch_that_filled_it(checker,
+                                                                                                monkeypatch):
+    monkeypatch.setattr(answer_check, "_VERDICT_CACHE_SIZE", 1)
+    golds, completions = ["1", "2"], [r"\boxed{1}", r"\boxed{3}"]
+    assert checker.check(golds, completions) == [Verdict.CORRECT, Verdict.WRONG]
+    assert checker.check(golds + ["4"], completions + [r"\boxed{4}"]) == [Verdict.CORRECT, Verdict.WRONG,
+                                                                            Verdict.CORRECT]
 
 
 def test_check_works_from_a_thread(checker):

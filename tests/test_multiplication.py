@@ -40,9 +40,14 @@ def test_splits_are_distinct_disjoint_products_and_too_many_is_an_error():
     ("the product is 1,692.", Verdict.CORRECT),  # commas removed, as the paper does
     ("1692 or maybe 1693", Verdict.WRONG),  # the last integer counts
     ("no number here", Verdict.UNPARSABLE),
+    ("between 1600-1692", Verdict.CORRECT),  # a dash after a digit is no minus sign
 ])
 def test_the_answer_is_the_last_integer(completion, verdict):
     assert LastIntegerChecker().check(["1692"], [completion]) == [verdict]
+
+
+def test_a_negative_last_integer_keeps_its_sign():
+    assert LastIntegerChecker().check(["-5", "-5"], ["so x = -5.", "so x = 5"]) == [Verdict.CORRECT, Verdict.WRONG]
 
 
 def test_a_gold_that_is_not_an_integer_and_an_unknown_format_are_refused():

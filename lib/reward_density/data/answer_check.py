@@ -33,7 +33,7 @@ def has_boxed_answer(text: str) -> bool:
     return "\\boxed{" in text
 
 
-_INTEGER = re.compile(r"-?\d+")
+_INTEGER = re.compile(r"(?<!\d)-?\d+")  # a minus right after a digit is a dash ("1800-2100"), not a sign
 
 
 def last_integer(text: str) -> int | None:
@@ -119,10 +119,11 @@ class AnswerChecker:
                 if failure is not None:  # the worker was lost on the next item; resume after it
                     verdicts.append(failure)
             fresh = dict(zip(todo, verdicts))
+            result = [fresh[item] if item in fresh else self._verdicts[item] for item in items]  # before any clear
             if len(self._verdicts) > _VERDICT_CACHE_SIZE:
                 self._verdicts.clear()
             self._verdicts.update((item, v) for item, v in fresh.items() if v is not Verdict.TIMEOUT)
-            return [fresh[item] if item in fresh else self._verdicts[item] for item in items]
+            return result
 
     def close(self) -> None:
         """Stop the worker (a later check starts a new one)."""
