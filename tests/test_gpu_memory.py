@@ -40,3 +40,19 @@ def test_the_paper_cell_fits_an_80_gb_gpu_in_every_arm():
         assert 10 < peak < 0.9 * 80 * 1e9 / 2**30, f"rank {rank}: estimated peak {peak:.1f} GiB"
     assert student_memory(cell, None)["peak"] > student_memory(cell, 256)["peak"] > student_memory(cell, 1)["peak"]
     assert "Second GPU: teacher Qwen3-8B" in memory_table(cell, [None, 256])
+
+
+def test_a_fullft_cell_that_tracks_kl_at_beta_0_is_estimated_with_its_reference_copy():
+    cell = load_profile(REPO_ROOT / "params" / "paper.yaml").cell | {"beta": 0.0}
+    tracked = student_memory(cell | {"track_kl": True}, None)["reference copy"]
+    assert tracked > 1, "cell.py keeps a reference to track KL at beta 0; the estimate left it out"
+    assert student_memory(cell | {"track_kl": False}, None)["reference copy"] == 0
+
+
+def test_a_profile_without_a_micro_batch_size_is_estimated_on_its_whole_batch():
+    cell = load_profile(REPO_ROOT / "params" / "mini.yaml").cell
+    assert cell["micro_batch_size"] is None
+    whole = student_memory(cell, 1)
+    assert whole["activations (one micro-batch)"] == student_memory(
+        cell | {"micro_batch_size": cell["prompts_per_step"] * cell["group_size"]}, 1)["activations (one micro-batch)"]
+    assert "Second GPU" in memory_table(cell, [None, 1])

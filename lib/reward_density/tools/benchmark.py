@@ -343,6 +343,7 @@ def time_trl(model_dir: Path, config: BenchConfig, rank: int | None, workdir: Pa
         max_grad_norm=config.max_grad_norm,
         max_steps=config.warmup + config.steps,
         seed=config.seed,
+        shuffle_dataset=False,  # every step's batch is the same P prompts, as ours are (the dataset repeats them)
         report_to=[],
         logging_strategy="no",
         save_strategy="no",

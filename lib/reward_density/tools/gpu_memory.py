@@ -94,13 +94,14 @@ def student_memory(cell: dict[str, Any], rank: int | None, shape: DecoderShape =
     p = shape.parameters()
     trained = p if rank is None else shape.lora_parameters(rank)
     rows = cell["prompts_per_step"] * cell["group_size"]
-    micro = min(cell["micro_batch_size"], rows)
+    micro = _micro_batch(cell)
     prompt, completion = PROMPT_TOKENS, cell["max_new_tokens"]
     mixed = cell["precision"] == "bf16"
     frozen = BF16 if mixed else FP32
     persistent = {
         "weights": p * FP32 if rank is None else p * frozen + trained * FP32,
-        "reference copy": p * frozen if rank is None and cell["beta"] > 0 else 0,
+        # kept wherever experiment/cell.py keeps one: for the KL penalty, or to track KL at beta 0
+        "reference copy": p * frozen if rank is None and (cell["beta"] > 0 or cell.get("track_kl")) else 0,
         "gradients": trained * FP32,
         "AdamW moments": 2 * trained * FP32,
     }
@@ -126,6 +127,12 @@ def student_memory(cell: dict[str, Any], rank: int | None, shape: DecoderShape =
     return {k: v / GIB for k, v in parts.items()}
 
 
+def _micro_batch(cell: dict[str, Any]) -> int:
+    """Rows per forward pass: the cell's micro_batch_size, or the whole P x G batch where it sets none."""
+    rows = cell["prompts_per_step"] * cell["group_size"]
+    return rows if cell["micro_batch_size"] is None else min(cell["micro_batch_size"], rows)
+
+
 def _bf16_copy(shape: DecoderShape, with_head: bool) -> int:
     """Bytes of a bf16 copy of every decoder layer's linear weights, and of the LM head's when asked."""
     return (shape.linear_weights() + (shape.vocab * shape.hidden if with_head else 0)) * BF16
@@ -133,7 +140,7 @@ def _bf16_copy(shape: DecoderShape, with_head: bool) -> int:
 
 def scorer_memory(cell: dict[str, Any], shape: DecoderShape, tokens: int) -> float:
     """GiB on the teacher's or the PRM's device: bf16 weights and one scoring micro-batch."""
-    micro = min(cell["micro_batch_size"], cell["prompts_per_step"] * cell["group_size"])
+    micro = _micro_batch(cell)
     activations = micro * tokens * (2 * shape.hidden + shape.intermediate) * BF16  # no backward: one layer at a time
     return (shape.parameters() * BF16 + activations + _logits(shape, micro, cell["max_new_tokens"])) / GIB
 
