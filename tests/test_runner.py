@@ -30,7 +30,7 @@ from reward_density.experiment.provenance import (
     write_json_atomic,
 )
 from reward_density.run import cli, notebooks, stages
-from reward_density.run.cli import _parser, check_notebook_sections, main
+from reward_density.run.cli import _parser, check_answer_format, check_notebook_sections, main
 from reward_density.run.local import gpu_slots, run_matrix
 from reward_density.run.lock import FolderInUse, exclusive, reading, replacing
 from reward_density.run.matrix import StaleCells, cpu_count, select_cells, stop_signals_as_interrupt
@@ -425,8 +425,20 @@ def test_a_profile_section_a_stage_notebook_does_not_take_is_refused_before_any_
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO_ROOT / "params").glob("*.yaml")))
-def test_every_shipped_profile_passes_its_stage_notebooks_only_their_parameters(name):
-    check_notebook_sections(load_profile(REPO_ROOT / "params" / f"{name}.yaml"), REPO_ROOT, ["world", "kl_bound"])
+def test_every_shipped_profile_passes_its_stage_notebooks_only_their_parameters_and_reads_its_worlds_answers(name):
+    profile = load_profile(REPO_ROOT / "params" / f"{name}.yaml")
+    check_notebook_sections(profile, REPO_ROOT, ["world", "kl_bound"])
+    check_answer_format(profile)
+
+
+def test_a_profile_that_checks_answers_in_another_format_than_its_worlds_task_is_refused(root, capsys):
+    data = yaml.safe_load((root / "params" / "tiny.yaml").read_text())
+    data["build_world"]["size"] = "smoke_mult"  # last-integer answers; the profile keeps the boxed default
+    (root / "params" / "tiny.yaml").write_text(yaml.safe_dump(data))
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "analysis"]) == 2
+    error = capsys.readouterr().err
+    assert "cell.answer_format = 'boxed', but the world it builds (MultiplicationTask) states its answers as " \
+           "'last_integer': set cell.answer_format: last_integer" in error, error
 
 
 def test_a_ctrl_c_while_the_command_line_loads_says_so_in_one_line(monkeypatch, capsys):

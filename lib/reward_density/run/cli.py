@@ -27,6 +27,7 @@ from ..experiment.profiles import (
     load_profile,
     resolve_world_entry,
 )
+from ..world.build import BUILD_PARAMETERS, config_from_parameters
 from .local import gpu_slots
 from .lock import FolderInUse, exclusive
 from .matrix import StaleCells, check_finished_cells, select_cells
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile = load_profile(find_profile(args.profile, root))
         check_notebook_sections(profile, root, args.stages)
+        check_answer_format(profile)
         # Before the world stage, which may rebuild the world: the cells stage compares the world itself.
         check_finished_cells(profile, root, cells_to_check(profile, args.stages, args.cells), world=False)
         if args.jobs < 1:
@@ -117,6 +119,21 @@ def check_notebook_sections(profile: Profile, root: Path, stages: list[str]) -> 
         if unknown:
             raise ProfileError(f"{profile.path}: {section}.{unknown[0]}: unknown key; the parameters of "
                                f"notebooks/{notebook}: {', '.join(allowed)}")
+
+
+def check_answer_format(profile: Profile) -> None:
+    """The cells read answers in the format of the task the profile's world is built for: a multiplication world
+    checked for \\boxed{} answers would score its last-integer answers as math-verify happens to read them."""
+    if not profile.build_world:
+        return
+    try:
+        task = config_from_parameters(**{k: v for k, v in profile.build_world.items() if k in BUILD_PARAMETERS}).task
+    except ValueError:  # a bad setting: the world notebook names it
+        return
+    if profile.cell["answer_format"] != task.answer_format:
+        raise ProfileError(f"{profile.path}: cell.answer_format = {profile.cell['answer_format']!r}, but the world "
+                           f"it builds ({type(task).__name__}) states its answers as {task.answer_format!r}: set "
+                           f"cell.answer_format: {task.answer_format}")
 
 
 def cells_to_check(profile: Profile, stages: list[str], cells_filter: str | None) -> list[MatrixCell]:
