@@ -15,7 +15,7 @@ class Problem:
     empty when the prompt is the question itself, as in the mini world.
     solution: a correct completion, for supervised training (the SFT control); empty when none is known.
     prefix: the start of a completion already written at the end of the prompt (T-SPMO's replay restarts inside
-    a stored completion); the rewards score it together with what is sampled after it. Never written to a file.
+    a stored completion); the rewards score it together with what is sampled after it. Empty in every problem file.
     """
 
     problem_id: str
