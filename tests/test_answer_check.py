@@ -98,6 +98,11 @@ def test_a_full_verdict_cache_starts_over_without_losing_the_verdicts_of_the_bat
                                                                             Verdict.CORRECT]
 
 
+def test_a_gold_that_outlasts_the_per_item_timeout_gets_a_long_parse_before_it_is_called_unparsable():
+    with AnswerChecker(timeout_seconds=1e-4) as slow_machine:  # every gold's parse "hangs" at first
+        assert slow_machine.unparsable_golds(["3", r"\frac{1}{2}"]) == [], "a slow parse dropped a valid gold"
+
+
 def test_check_works_from_a_thread(checker):
     result = {}
 

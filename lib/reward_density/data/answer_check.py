@@ -10,6 +10,7 @@ from enum import Enum
 
 # Start-up imports sympy and math-verify's grammars; it is not charged to any item.
 _STARTUP_SECONDS = 120.0
+_GOLD_SECONDS = 120.0  # a gold that outlasts the per-item timeout gets this long before it counts as hanging
 _GOLD_CACHE_SIZE = 4096
 _VERDICT_CACHE_SIZE = 200_000  # (gold, completion) pairs kept before the cache starts over
 
@@ -158,18 +159,23 @@ class AnswerChecker:
             bad += [gold for gold, ok in zip(golds[done:], replies) if not ok]
             done += len(replies)
             if failure is not None:  # the worker was lost on this gold; resume after it
-                bad.append(golds[done])
-                done += 1
+                gold, done = golds[done], done + 1
+                if failure is Verdict.TIMEOUT:  # a slow parse on a busy machine must not drop a problem
+                    replies, failure = self._request("golds", [gold], _GOLD_SECONDS)
+                if failure is not None or not replies[0]:
+                    bad.append(gold)
         return bad
 
-    def _request(self, kind: str, payload: list) -> tuple[list, Verdict | None]:
-        """Send a batch; return the replies received and, if the worker hung or died on the next entry, how."""
+    def _request(self, kind: str, payload: list, timeout_seconds: float | None = None) -> tuple[list, Verdict | None]:
+        """Send a batch; return the replies received and, if the worker hung (each entry may take timeout_seconds,
+        the checker's own by default) or died on the next entry, how."""
+        timeout_seconds = self.timeout_seconds if timeout_seconds is None else timeout_seconds
         conn = self._ensure_worker()
         replies = []
         try:
             conn.send((kind, payload))
             for _ in payload:
-                if not conn.poll(self.timeout_seconds):
+                if not conn.poll(timeout_seconds):
                     self._kill()
                     return replies, Verdict.TIMEOUT
                 replies.append(conn.recv())
