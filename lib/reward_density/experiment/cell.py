@@ -21,7 +21,7 @@ from ..data.answer_check import Checker
 from ..data.problem_sets import heldout_problems, training_problems
 from ..data.problems import Problem
 from ..data.sources import load_causal_lm, load_tokenizer
-from ..grpo.loss import LossConfig
+from ..grpo.loss import LossConfig, scores_reference
 from ..grpo.policy import Policy, PolicyConfig
 from ..grpo.precision import autocast, frozen_dtype
 from ..grpo.replay import ReplayBuffer, ReplayConfig
@@ -304,7 +304,7 @@ def make_policy(configs: list[CellConfig], student: torch.nn.Module) -> Policy |
     torch.manual_seed(config.seed)
     if config.engine == "stacked":
         return StackedPolicy(student, [policy_config(c) for c in configs], config.seed)
-    return Policy(student, policy_config(config), keep_reference=config.beta > 0 or config.track_kl)
+    return Policy(student, policy_config(config), keep_reference=scores_reference(config.beta, config.track_kl))
 
 
 def derived_record(student: torch.nn.Module, policy: Policy | StackedPolicy, arm: int) -> dict[str, int]:

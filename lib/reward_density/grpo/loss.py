@@ -62,6 +62,12 @@ class LossOutput:
     ratio_mean: float
 
 
+
+def scores_reference(beta: float, track_kl: bool) -> bool:
+    """Whether a step scores the reference model: for the KL penalty, or to track KL at beta 0 (so FullFT keeps a
+    frozen copy of its starting weights)."""
+    return beta > 0 or track_kl
+
 def kl_penalty(logps: torch.Tensor, ref_logps: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token KL(pi_theta || pi_ref) estimate on the sampled tokens."""
     log_ratio = logps - ref_logps

@@ -18,7 +18,7 @@ from ..data.steps import split_steps
 from .advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from .deposits import Deposits, RewardModule
 from .logprobs import completion_logprobs, micro_batches
-from .loss import BatchTotals, LossConfig, LossOutput, grpo_loss
+from .loss import BatchTotals, LossConfig, LossOutput, grpo_loss, scores_reference
 from .policy import Policy
 from .precision import autocast, check_precision
 from .prefix_trie import prefix_advantages
@@ -95,7 +95,7 @@ def grpo_step(
     rewarded = time.perf_counter()
 
     ref_logps = None
-    if config.loss.beta > 0 or config.track_kl:
+    if scores_reference(config.loss.beta, config.track_kl):
         with autocast(device, config.precision):
             ref_logps = policy.reference_logprobs(rollout, config.sampling.temperature, config.micro_batch_size)
     referenced = time.perf_counter()
@@ -219,7 +219,8 @@ def stacked_grpo_step(
     rewarded = time.perf_counter()
 
     temperature = config.sampling.temperature
-    ref_logps = policy.reference_logprobs(rollout, temperature) if config.loss.beta > 0 or config.track_kl else None
+    scored = scores_reference(config.loss.beta, config.track_kl)
+    ref_logps = policy.reference_logprobs(rollout, temperature) if scored else None
     referenced = time.perf_counter()
     logps = policy.logprobs(rollout, temperature)
     outs = []

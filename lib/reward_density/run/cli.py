@@ -27,7 +27,7 @@ from ..experiment.profiles import (
     load_profile,
     resolve_world_entry,
 )
-from ..world.build import BUILD_PARAMETERS, config_from_parameters
+from ..world.build import config_of_build
 from .local import gpu_slots
 from .lock import FolderInUse, exclusive
 from .matrix import StaleCells, check_finished_cells, select_cells
@@ -127,7 +127,7 @@ def check_answer_format(profile: Profile) -> None:
     if not profile.build_world:
         return
     try:
-        task = config_from_parameters(**{k: v for k, v in profile.build_world.items() if k in BUILD_PARAMETERS}).task
+        task = config_of_build(profile.build_world).task
     except ValueError:  # a bad setting: the world notebook names it
         return
     if profile.cell["answer_format"] != task.answer_format:

@@ -22,11 +22,10 @@ from ..experiment.baseline import base_configs, base_eval_key
 from ..experiment.profiles import STUDY_SETTINGS, Profile, resolve_world_entry
 from ..experiment.provenance import code_fingerprint, fingerprints, read_json, write_json_atomic
 from ..world.build import (
-    BUILD_PARAMETERS,
     COMPONENTS,
     WorldConfig,
     changed_build_settings,
-    config_from_parameters,
+    config_of_build,
     stale_components,
 )
 from .local import run_matrix
@@ -84,7 +83,7 @@ def check_rebuild_keeps_cells(parameters: dict[str, Any], root: Path) -> list[st
     if not (world_dir / "manifest.json").is_file():
         return []
     try:
-        config = config_from_parameters(**{k: v for k, v in parameters.items() if k in BUILD_PARAMETERS})
+        config = config_of_build(parameters)
     except ValueError:  # a bad setting: the build notebook names it
         return []
     replaced = list(COMPONENTS) if parameters.get("force") else stale_components(config, world_dir)
@@ -247,13 +246,13 @@ def stage_analysis(profile: Profile, root: Path) -> None:
 def stage_kl_bound(profile: Profile, root: Path) -> None:
     """Theorem 1 on Optdigits (notebooks/kl_bound.py) for a profile that asks for it; skipped when its folder
     holds the key of these parameters and this version of the experiment's code and notebook."""
-    existing_notebook(root / "notebooks" / "kl_bound.py", "kl_bound")  # in the key: a clear error before it is read
+    notebook = existing_notebook(kl_bound_notebook(root), "kl_bound")  # in the key: a clear error before it is read
     out, key = root / profile.kl_bound["out_dir"], kl_bound_key(profile, root)
     if _holds_key(out, key):
         print(f"kl_bound: {out} holds these results already; skipped", file=sys.stderr)
         return
     print(f"kl_bound: notebooks/kl_bound.py -> {out}", file=sys.stderr)
-    _run_keyed(root / "notebooks" / "kl_bound.py", out / "kl_bound.ipynb", {**profile.kl_bound, "out_dir": str(out)},
+    _run_keyed(notebook, out / "kl_bound.ipynb", {**profile.kl_bound, "out_dir": str(out)},
                root, key)
 
 
@@ -262,4 +261,9 @@ def kl_bound_key(profile: Profile, root: Path) -> dict[str, Any]:
     runs it (its defaults fill the parameters the profile leaves out, and it writes the table), as parsed, so that
     rewrapping or commenting them does not redo them."""
     return {"parameters": profile.kl_bound, "code": code_fingerprint(Path(kl_bound.__file__)),
-            "notebook": code_fingerprint(root / "notebooks" / "kl_bound.py")}
+            "notebook": code_fingerprint(kl_bound_notebook(root))}
+
+
+def kl_bound_notebook(root: Path) -> Path:
+    """The notebook the kl_bound stage runs."""
+    return root / "notebooks" / "kl_bound.py"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..experiment.profiles import find_profile, load_profile
+from ..grpo.loss import scores_reference
 
 GIB = 1024**3
 BF16, FP32 = 2, 4
@@ -100,8 +101,7 @@ def student_memory(cell: dict[str, Any], rank: int | None, shape: DecoderShape =
     frozen = BF16 if mixed else FP32
     persistent = {
         "weights": p * FP32 if rank is None else p * frozen + trained * FP32,
-        # kept wherever experiment/cell.py keeps one: for the KL penalty, or to track KL at beta 0
-        "reference copy": p * frozen if rank is None and (cell["beta"] > 0 or cell.get("track_kl")) else 0,
+        "reference copy": p * frozen if rank is None and scores_reference(cell["beta"], cell["track_kl"]) else 0,
         "gradients": trained * FP32,
         "AdamW moments": 2 * trained * FP32,
     }

@@ -45,6 +45,7 @@ from ..experiment.config import CellConfig
 from ..experiment.profiles import cell_config, find_profile, load_profile
 from ..grpo import sampler
 from ..grpo.cuda_graph import GraphedDecoder
+from ..grpo.loss import scores_reference
 from ..grpo.policy import Policy
 from ..grpo.precision import autocast, frozen_dtype
 from ..grpo.qwen3 import supports
@@ -214,7 +215,7 @@ def floor_seconds(shapes: dict[str, DecoderShape], cell: CellConfig, prompt_toke
     tokens = rows * (prompt_tokens + new)
     forward = 2 * (layer_weights * tokens + head * rows * new)  # the LM head over the completion only
     backward = forward * (2 if cell.rank is None else 1)
-    reference = forward if cell.beta > 0 or cell.track_kl else 0
+    reference = forward if scores_reference(cell.beta, cell.track_kl) else 0
     scorer = {"outcome": None, "process": shapes["prm"], "distillation": shapes["teacher"]}[cell.regime]
     reward = 0 if scorer is None else 2 * scorer.linear_weights() * tokens
     if cell.regime == "distillation":

@@ -193,6 +193,11 @@ def config_from_parameters(size: str = "mini", seed: int = 0, student_target: fl
 BUILD_PARAMETERS = tuple(inspect.signature(config_from_parameters).parameters)  # those of a build's notebook
 
 
+def config_of_build(parameters: dict[str, Any]) -> WorldConfig:
+    """The world a profile's build_world section describes (its other keys, out_dir and force, are the stage's)."""
+    return config_from_parameters(**{k: v for k, v in parameters.items() if k in BUILD_PARAMETERS})
+
+
 # --------------------------------------------------------------------------------------- keys
 
 
