@@ -145,6 +145,22 @@ def test_a_fullft_arm_without_kl_penalty_still_tracks_its_kl(smoke_project):
     assert row["peak_mib"] > 0
 
 
+def test_the_measured_step_starts_with_no_gradients_held_so_its_own_count_on_either_device(smoke_project,
+                                                                                          monkeypatch):
+    """CUDA's peak statistic subtracts what was allocated before the step: gradients kept from the warm-up would
+    leave a FullFT step's gradients out there, while the CPU profiler counts them."""
+    from reward_density.experiment import cell, step_memory
+    policies, held = [], []
+    make_policy, measure = cell.make_policy, step_memory.peak_allocated
+    monkeypatch.setattr(cell, "make_policy", lambda *a: policies.append(make_policy(*a)) or policies[-1])
+    monkeypatch.setattr(step_memory, "peak_allocated", lambda fn, device: (
+        held.append(any(p.grad is not None for p in policies[0].parameters(0))), measure(fn, device))[1])
+    row = step_peak_memory(smoke_cell(smoke_project, None))
+    assert held == [False], "the warm-up's gradients were still held when the measured step began"
+    gradients = sum(p.numel() * p.element_size() for p in policies[0].parameters(0))
+    assert row["peak_mib"] * MIB > gradients, "a FullFT step's peak leaves out the gradients it allocates"
+
+
 def test_the_notebook_measures_the_memory_of_the_methods_that_ran(tmp_path):
     study = make_smoke_project(tmp_path) / "outputs" / "smoke"  # its own root: fake cells stay out of the shared one
     method_study(study, {1: [5, 5], None: [6, 6]})

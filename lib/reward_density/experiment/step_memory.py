@@ -4,7 +4,9 @@ methods to save (it reports tokens in the loss as the proxy; this measures the b
 One LoRA or FullFT arm through peft (engine peft, as the paper trains), the method's own step settings from
 its profile. A warm-up step at learning rate 0 allocates the optimizer state without moving the weights, so
 every method's measured step samples from the base model; it is the most bytes that step holds at once
-beyond what was allocated before it (the model, the reference, the optimizer state).
+beyond what was allocated before it (the model, the reference, the optimizer state). The warm-up's gradients are
+freed before it, so the step's own gradients count as its memory on either device (CUDA's peak statistic would
+otherwise subtract them, as held before the step; the CPU profiler, which sees no free of them, would not).
 """
 from __future__ import annotations
 
@@ -74,6 +76,7 @@ def step_peak_memory(config: CellConfig) -> dict[str, float]:
         step(1)
         for group, rate in zip(optimizer.param_groups, rates):
             group["lr"] = rate
+        optimizer.zero_grad(set_to_none=True)
         row, peak = peak_allocated(lambda: step(2), config.device)
     finally:
         checker.close()
