@@ -1,5 +1,6 @@
 """A run names the code it ran: the commit and dirty flag, and the tree of the files as they stood, which matches the
 commit holding exactly those files even when the checkout's .git lags them (the device machines' copies)."""
+import json
 import subprocess
 
 from reward_density.experiment.provenance import git_state, working_tree
@@ -73,3 +74,22 @@ def test_a_new_file_git_does_not_ignore_makes_the_code_dirty_and_a_new_result_or
 def test_outside_a_checkout_there_is_no_commit_and_no_tree(tmp_path):
     assert git_state(tmp_path) == {"commit": None, "dirty": None}
     assert working_tree(tmp_path) is None
+
+
+
+def test_a_cell_and_a_run_record_the_code_they_started_with_not_a_commit_made_while_they_ran(tmp_path, monkeypatch):
+    from reward_density.experiment import cell, provenance
+    from reward_density.experiment.profiles import REPO_ROOT, cell_config, load_profile
+    from reward_density.run import stage_times
+
+    checkout = {"commit": "started", "dirty": False}
+    monkeypatch.setattr(provenance, "git_state", lambda cwd=None: dict(checkout))
+    config = cell_config(load_profile(REPO_ROOT / "params" / "smoke.yaml"), "outcome", 1, 0,
+                         out_dir=str(tmp_path / "cell"), report_to="none")
+    writer, times = cell.CellWriter(config), stage_times.StageTimes()
+    checkout["commit"] = "committed-while-running"
+    writer.add_eval(0, [{"problem_id": "p", "correct": 0, "length": 1, "truncated": 0, "answered": 1}])
+    writer.finish("cpu")
+    times.append_to(tmp_path / "runs.jsonl")
+    assert provenance.read_json(tmp_path / "cell" / "manifest.json")["git"]["commit"] == "started"
+    assert json.loads((tmp_path / "runs.jsonl").read_text())["git"]["commit"] == "started"

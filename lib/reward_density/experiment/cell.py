@@ -33,7 +33,7 @@ from ..rewards import RewardModule, build_reward
 from . import cell_folder
 from .config import SFT, CellConfig
 from .evaluation import greedy_eval, greedy_eval_arms
-from .provenance import fingerprints, manifest, write_json_atomic
+from .provenance import code_state, fingerprints, manifest, write_json_atomic
 from .sft import sft_step
 
 
@@ -148,7 +148,7 @@ class CellWriter:
         self.folder = Path(config.out_dir)
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / cell_folder.SUMMARY).unlink(missing_ok=True)  # a rerun is unfinished until it says otherwise
-        self.config, self.started = config, time.time()
+        self.config, self.started, self.code = config, time.time(), code_state()
         self.history: list[dict] = []
         self.evals: list[dict] = []
         self.dev_evals: list[dict] = []
@@ -210,12 +210,13 @@ class CellWriter:
         self.board.flush()
 
     def finish(self, device: str) -> dict[str, Any]:
-        """manifest.json, then summary.json last and atomically: from then on the cell counts as done."""
+        """manifest.json (with the code as the cell started), then summary.json last and atomically: from then on
+        the cell counts as done."""
         if self.board is not None:
             self.board.close()
         wall = time.time() - self.started
         write_json_atomic(self.folder / cell_folder.MANIFEST,
-                          manifest(device, wall_seconds=round(wall, 2), cell=self.config.name))
+                          manifest(device, self.code, wall_seconds=round(wall, 2), cell=self.config.name))
         summary = summarise(self.config, self.history, self.evals, wall)
         write_json_atomic(self.folder / cell_folder.SUMMARY, summary)
         return summary

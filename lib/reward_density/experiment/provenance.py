@@ -94,12 +94,18 @@ def cpu_model() -> str:
     return f"{name or platform.machine()} ({vector})"
 
 
-def manifest(device: str | torch.device = "cpu", **extra: Any) -> dict[str, Any]:
-    """Git state, versions, device and python, plus whatever the caller adds (params, timings)."""
+def code_state() -> dict[str, Any]:
+    """The code a run loaded: git state, package versions and python. Take it when the run starts: a commit made
+    or a package installed while a run goes on is not the code that ran."""
+    return {"git": git_state(Path(__file__).resolve().parent), "versions": package_versions(),
+            "python": platform.python_version()}
+
+
+def manifest(device: str | torch.device = "cpu", code: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """The code (code_state(), read now unless given), device and kernels, plus whatever the caller adds (params,
+    timings)."""
     return {
-        "git": git_state(Path(__file__).resolve().parent),
-        "versions": package_versions(),
-        "python": platform.python_version(),
+        **(code_state() if code is None else code),
         "device": device_description(device),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),  # the GPUs the runner gave this cell
         # The kernels' instruction set decides the rounding (run_all.sh pins it for cross-CPU reproducibility).

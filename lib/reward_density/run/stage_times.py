@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..experiment.provenance import cpu_model, manifest
+from ..experiment.provenance import code_state, cpu_model, manifest
 
 RUN_LOG = "runs.jsonl"
 
@@ -31,6 +31,7 @@ class StageTimes:
         self.started = datetime.now(timezone.utc)
         self.start = time.monotonic()
         self.stages: dict[str, dict[str, float]] = {}
+        self.code = code_state()  # a run is hours long: what it ran is the code it started with
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
@@ -45,9 +46,9 @@ class StageTimes:
                   f"({cpu_model()})", file=sys.stderr)
 
     def append_to(self, path: Path, **extra: Any) -> None:
-        """Add this run's record (stages, total wall time, the manifest's code and machine, extra) to path."""
+        """Add this run's record (stages, total wall time, the code it started with, the machine, extra) to path."""
         record = {"started": self.started.isoformat(timespec="seconds"), "stages": self.stages,
-                  "wall_seconds": round(time.monotonic() - self.start, 1), **manifest("cpu", **extra)}
+                  "wall_seconds": round(time.monotonic() - self.start, 1), **manifest("cpu", self.code, **extra)}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a") as handle:
