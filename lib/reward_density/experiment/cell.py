@@ -378,7 +378,8 @@ def train(configs: list[CellConfig], inputs: CellInputs, policy: Policy | Stacke
         for group, arm in zip(optimizer.param_groups, configs):
             group["lr"] = arm.learning_rate * lr_factor(step, config)
         if config.regime == SFT:
-            rows = sft_step(policy, inputs.tokenizer, optimizer, batch, config.max_grad_norm)
+            rows = sft_step(policy, inputs.tokenizer, optimizer, batch, config.max_grad_norm, config.precision,
+                            config.micro_batch_size)
         elif isinstance(policy, StackedPolicy):
             rows = stacked_grpo_step(policy, inputs.tokenizer, optimizer, batch, inputs.reward, settings, seed=seed)
         else:

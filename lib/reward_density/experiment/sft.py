@@ -13,7 +13,9 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..data.problems import Problem
+from ..grpo.logprobs import micro_batches
 from ..grpo.policy import Policy
+from ..grpo.precision import autocast
 from ..grpo.rollout import Rollout
 from ..grpo.stacked import StackedPolicy
 from ..grpo.text_rollout import rollout_from_text
@@ -33,21 +35,37 @@ def sft_step(
     optimizer: torch.optim.Optimizer,
     problems: Sequence[Problem],
     max_grad_norm: float,
+    precision: str = "fp32",
+    micro_batch_size: int | None = None,
 ) -> list[dict[str, float]]:
     """One supervised update of every arm on the same problems: mean negative log-likelihood of the
-    solution tokens (EOS included), each arm's gradient clipped on its own; one metrics row per arm."""
+    solution tokens (EOS included), each arm's gradient clipped on its own; one metrics row per arm.
+
+    The forward passes run under the precision's autocast, as the GRPO step's do, and micro_batch_size problems at a
+    time with the gradients accumulated (None: all at once); each part's loss is divided by the whole batch's
+    tokens, so the parts add up to the one-pass loss.
+    """
     start = time.perf_counter()
-    batch = teacher_forced(tokenizer, problems, policy.n_arms)
-    logps = policy.logprobs(batch, temperature=1.0)
-    n = len(problems)
-    mask = batch.completion_mask.float()
-    losses = [-(logps[a * n:(a + 1) * n] * mask[a * n:(a + 1) * n]).sum() / mask[a * n:(a + 1) * n].sum()
-              for a in range(policy.n_arms)]
+    arms = policy.n_arms
+    device = next(iter(policy.parameters(0))).device
+    parts = [teacher_forced(tokenizer, problems[rows], arms) for rows in micro_batches(len(problems),
+                                                                                      micro_batch_size)]
+    tokens = sum(_per_arm(part.completion_mask.float(), arms) for part in parts)
     optimizer.zero_grad(set_to_none=True)
-    sum(losses).backward()
-    norms = [torch.nn.utils.clip_grad_norm_(policy.parameters(a), max_grad_norm) for a in range(policy.n_arms)]
+    losses = torch.zeros(arms)
+    for part in parts:
+        with autocast(device, precision):
+            logps = policy.logprobs(part, temperature=1.0)
+        loss = -_per_arm(logps * part.completion_mask, arms) / tokens
+        loss.sum().backward()
+        losses += loss.detach().cpu()
+    norms = [torch.nn.utils.clip_grad_norm_(policy.parameters(a), max_grad_norm) for a in range(arms)]
     optimizer.step()
     seconds = time.perf_counter() - start
-    tokens = float(mask[:n].sum())
-    return [{"loss": float(loss.detach()), "grad_norm": float(norm), "tokens": tokens, "step_seconds": seconds,
-             "train_seconds": seconds, "arms": policy.n_arms} for loss, norm in zip(losses, norms)]
+    return [{"loss": float(loss), "grad_norm": float(norm), "tokens": float(tokens[0]), "step_seconds": seconds,
+             "train_seconds": seconds, "arms": arms} for loss, norm in zip(losses, norms)]
+
+
+def _per_arm(values: torch.Tensor, arms: int) -> torch.Tensor:
+    """The sum of each arm's rows of an arm-major [arms * N, T] tensor, [arms]."""
+    return values.reshape(arms, -1).sum(dim=1)
