@@ -1,5 +1,7 @@
 """Evaluation: the unbiased pass@k estimator, and greedy pass@1 with per-problem rows."""
 import itertools
+import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -122,9 +124,10 @@ def test_dev_problems_beyond_the_dev_split_or_beside_a_dev_evaluation_are_clear_
         _smoke_config(tmp_path, dev_problems=3, eval_split="dev")
 
 
-def test_a_damaged_saved_base_evaluation_is_evaluated_again_with_a_warning(tmp_path, monkeypatch):
-    from types import SimpleNamespace
+HELDOUT = [SimpleNamespace(problem_id="000")]  # what base_evaluation reads of a held-out problem
 
+
+def test_a_damaged_saved_base_evaluation_is_evaluated_again_with_a_warning(tmp_path, monkeypatch):
     from reward_density.experiment import baseline
 
     rows = [{"problem_id": "000", "correct": True}]
@@ -134,15 +137,13 @@ def test_a_damaged_saved_base_evaluation_is_evaluated_again_with_a_warning(tmp_p
                              eval_batch_size=1, student="student")
     (tmp_path / "base-k.json").write_text('{"pass1": 0.5, "rows": [')
     with pytest.warns(UserWarning, match=r"base-k\.json is not valid JSON"):
-        assert baseline.base_evaluation(config, None, None, [], None) == (1.0, rows)
-    assert baseline.base_evaluation(config, None, None, [], None) == (1.0, rows), "the evaluation was not saved again"
+        assert baseline.base_evaluation(config, None, None, HELDOUT, None) == (1.0, rows)
+    assert baseline.base_evaluation(config, None, None, HELDOUT, None) == (1.0, rows), "the evaluation was not saved again"
 
 
 def test_a_base_evaluation_gives_its_rows_keys_in_one_order_whether_computed_or_read_back(tmp_path, monkeypatch):
     """A cell's answers.csv takes its columns from the base rows' keys: computed or read from the saved
     evaluation, the same params must write the same bytes."""
-    from types import SimpleNamespace
-
     from reward_density.experiment import baseline
 
     rows = [{"problem_id": "000", "verdict": "correct", "correct": True, "length": 3}]  # greedy_eval's order
@@ -150,9 +151,27 @@ def test_a_base_evaluation_gives_its_rows_keys_in_one_order_whether_computed_or_
     monkeypatch.setattr(baseline, "greedy_eval", lambda *args, **kwargs: (1.0, [dict(r) for r in rows]))
     config = SimpleNamespace(base_answers=str(tmp_path), device="cpu", precision="fp32", eval_max_new_tokens=4,
                              eval_batch_size=1, student="student")
-    computed = baseline.base_evaluation(config, None, None, [], None)
-    read_back = baseline.base_evaluation(config, None, None, [], None)
+    computed = baseline.base_evaluation(config, None, None, HELDOUT, None)
+    read_back = baseline.base_evaluation(config, None, None, HELDOUT, None)
     assert (tmp_path / "base-k.json").is_file(), "the first call should have saved the evaluation"
     assert computed == read_back
     assert [list(row) for row in computed[1]] == [list(row) for row in read_back[1]], (
         "the computed rows' keys come in another order than the saved ones': answers.csv would differ in bytes")
+
+
+def test_a_saved_base_evaluation_of_other_problems_is_not_reused_nor_overwritten(tmp_path, monkeypatch):
+    """One key, two held-out sets: a gold the checker failed to parse on one load dropped its problem."""
+    from reward_density.experiment import baseline
+
+    monkeypatch.setattr(baseline, "base_eval_key", lambda config: "k")
+    monkeypatch.setattr(baseline, "greedy_eval", lambda model, tokenizer, problems, *args, **kwargs: (
+        0.5, [{"problem_id": p.problem_id, "correct": i == 0} for i, p in enumerate(problems)]))
+    config = SimpleNamespace(base_answers=str(tmp_path), device="cpu", precision="fp32", eval_max_new_tokens=4,
+                             eval_batch_size=1, student="student")
+    saved = {"pass1": 1.0, "rows": [{"problem_id": "000", "correct": True}], "student": "student"}
+    (tmp_path / "base-k.json").write_text(json.dumps(saved))
+    heldout = [SimpleNamespace(problem_id="000"), SimpleNamespace(problem_id="001")]
+    with pytest.warns(UserWarning, match=r"other held-out problems than this cell loaded \(1 there, 2 here"):
+        pass1, rows = baseline.base_evaluation(config, None, None, heldout, None)
+    assert (pass1, [r["problem_id"] for r in rows]) == (0.5, ["000", "001"]), "the other set's evaluation was reused"
+    assert json.loads((tmp_path / "base-k.json").read_text()) == saved, "the saved evaluation was overwritten"

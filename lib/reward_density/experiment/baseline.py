@@ -61,12 +61,15 @@ def base_eval_key(config: CellConfig) -> str:
 
 def base_evaluation(config: CellConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
                     heldout: Sequence[Problem], checker: Checker) -> tuple[float, list[dict]]:
-    """The base model's greedy pass@1 and rows: read from config.base_answers when its key is there, else
-    evaluated now (and saved there, atomically: cells running side by side may both write it)."""
+    """The base model's greedy pass@1 and rows: read from config.base_answers when its key is there and it scored
+    these problems, else evaluated now (and saved there unless another set's evaluation is, atomically: cells running
+    side by side may both write it)."""
     path = None if config.base_answers is None else Path(config.base_answers) / f"base-{base_eval_key(config)}.json"
     saved = _read_saved(path) if path is not None and path.is_file() else None
     if saved is not None:
-        return saved["pass1"], saved["rows"]
+        if _same_problems(saved["rows"], heldout, path):
+            return saved["pass1"], saved["rows"]
+        path = None  # the saved evaluation of the other set stays as it is
     with autocast(config.device, config.precision):
         pass1, rows = greedy_eval(model, tokenizer, heldout, checker, config.eval_max_new_tokens,
                                   batch_size=config.eval_batch_size)
@@ -74,6 +77,22 @@ def base_evaluation(config: CellConfig, model: torch.nn.Module, tokenizer: PreTr
         write_json_atomic(path, {"pass1": pass1, "rows": rows, "student": config.student})
     # Keys as a saved evaluation reads back (sorted), so a cell's answers.csv is the same bytes either way.
     return pass1, [dict(sorted(row.items())) for row in rows]
+
+
+def _same_problems(rows: list[dict], heldout: Sequence[Problem], path: Path) -> bool:
+    """Whether a saved evaluation scored exactly these problems, in this order; a warning when not.
+
+    Its key names the held-out file and count, but not which of the file's problems loading kept (a gold answer
+    the checker could not parse is dropped), so two loads under one key can differ.
+    """
+    saved, here = [row.get("problem_id") for row in rows], [problem.problem_id for problem in heldout]
+    if saved == here:
+        return True
+    first = next((i for i, (a, b) in enumerate(zip(saved, here)) if a != b), min(len(saved), len(here)))
+    warnings.warn(f"{path} scored other held-out problems than this cell loaded ({len(saved)} there, {len(here)} "
+                  f"here, first differing at position {first}), so the base model is evaluated again on this cell's; "
+                  "the saved file is kept", stacklevel=3)
+    return False
 
 
 def _read_saved(path: Path) -> dict | None:
