@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..data.answer_check import Checker, Verdict, last_integer
+from ..data.answer_check import Checker, Verdict, last_number
 from ..data.math_data import last_boxed
 from ..data.problems import Problem, read_problems
 from ..data.steps import split_steps, step_end_tokens
@@ -60,12 +60,12 @@ def verdict_reason(verdict: Verdict, completion: str, gold: str | None, timeout_
     """Why the outcome checker decided what it did, in words."""
     if verdict is Verdict.TIMEOUT:
         return f"math-verify took longer than {timeout_seconds:g} s on this completion: counted as not correct"
-    boxed, integer = last_boxed(completion), last_integer(completion)
+    boxed, number = last_boxed(completion), last_number(completion)
     if verdict is Verdict.UNPARSABLE:
         where = "no \\boxed{} answer" if boxed is None else f"\\boxed{{{boxed}}} is not parsable"
-        return f"no answer to compare ({where}{'' if integer is not None else ', no integer'})"
+        return f"no answer to compare ({where}{'' if number is not None else ', no number'})"
     relation = "equals" if verdict is Verdict.CORRECT else "does not equal"
-    shown = boxed if boxed is not None else f"{integer} (outside a box)" if integer is not None else "(none found)"
+    shown = boxed if boxed is not None else f"{number} (outside a box)" if number is not None else "(none found)"
     return f"the answer {shown} {relation} the gold {gold}"
 
 

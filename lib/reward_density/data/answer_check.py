@@ -6,6 +6,7 @@ import multiprocessing as mp
 import re
 import threading
 from collections.abc import Sequence
+from decimal import Decimal
 from enum import Enum
 
 # Start-up imports sympy and math-verify's grammars; it is not charged to any item.
@@ -34,13 +35,16 @@ def has_boxed_answer(text: str) -> bool:
     return "\\boxed{" in text
 
 
-_INTEGER = re.compile(r"(?<!\d)-?\d+")  # a minus right after a digit is a dash ("1800-2100"), not a sign
+_NUMBER = re.compile(r"(?:(?<!\d)-)?\d+(?:\.\d+)?")  # a minus right after a digit is a dash ("1600-1692")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")  # "1,692": a comma inside a number; "5,-3" keeps its comma
+_INTEGER = re.compile(r"-?\d+")
 
 
-def last_integer(text: str) -> int | None:
-    """The last integer in the text once commas are removed (how the token-selection papers read an answer)."""
-    found = _INTEGER.findall(text.replace(",", ""))
-    return int(found[-1]) if found else None
+def last_number(text: str) -> Decimal | None:
+    """The text's last number, once the commas between thousands are removed (how the token-selection papers read
+    an answer): "1,692." and "1692.0" equal 1692, and "3.5" is no integer (the papers' digit run reads 5)."""
+    found = _NUMBER.findall(_THOUSANDS.sub("", text))
+    return Decimal(found[-1]) if found else None
 
 
 def _worker_main(conn) -> None:
@@ -219,15 +223,16 @@ class AnswerChecker:
 
 
 class LastIntegerChecker:
-    """The answer is the completion's last integer, compared with an integer gold: the multiplication task's
-    rule (as in "Token-Efficient RL for LLM Reasoning"). Exact and instant, so no worker and no timeout."""
+    """The answer is the completion's last number (last_number), right where it is the integer gold: the
+    multiplication task's rule (as in "Token-Efficient RL for LLM Reasoning"). Exact and instant, so no worker and
+    no timeout."""
 
     timeout_seconds = 0.0
 
     @staticmethod
     def has_answer(text: str) -> bool:
-        """Whether a completion holds an integer to read."""
-        return last_integer(text) is not None
+        """Whether a completion holds a number to read."""
+        return last_number(text) is not None
 
     def check(self, golds: Sequence[str], completions: Sequence[str]) -> list[Verdict]:
         """Verdict for each (gold, completion) pair; raises ValueError if a gold is not an integer."""
@@ -236,7 +241,7 @@ class LastIntegerChecker:
         bad = self.unparsable_golds(golds)
         if bad:
             raise ValueError(f"these gold answers are not integers (a data bug, not a wrong answer): {bad!r}")
-        answers = [last_integer(text) for text in completions]
+        answers = [last_number(text) for text in completions]
         return [Verdict.UNPARSABLE if answer is None
                 else Verdict.CORRECT if answer == int(gold.replace(",", "")) else Verdict.WRONG
                 for gold, answer in zip(golds, answers)]
