@@ -1,6 +1,7 @@
 """MATH data: gold extraction, loading from local files and folders, hub failures, unparsable golds."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -241,3 +242,21 @@ def test_drop_unparsable_drops_golds_math_verify_cannot_parse_and_keeps_the_rest
     assert [p.problem_id for p in dropped] == ["p1", "p3"], f"wrong problems dropped: {dropped}"
     report = MathLoadReport("src", "train", rows=6, kept=5, no_gold=1).with_unparsable(len(dropped))
     assert (report.kept, report.unparsable) == (3, 2), f"the report does not count the dropped golds: {report}"
+
+
+def test_a_held_out_set_drawn_from_the_training_data_is_left_out_of_training(tmp_path, checker, capsys):
+    """One MATH-schema file as both world.problems and world.heldout: its first problems are held out, the rest
+    trained on; a held-out set that is the whole training set is refused."""
+    from reward_density.experiment import cell
+    from reward_density.experiment.profiles import REPO_ROOT, cell_config, load_profile
+
+    path = str(write_jsonl(tmp_path / "math.jsonl", [MATH_ROWS[0], MATH_ROWS[1], MATH_ROWS[3]]))
+    profile = load_profile(REPO_ROOT / "params" / "smoke.yaml")
+    config = cell_config(profile, "outcome", 1, 0, problems=path, heldout=path, prompt_template="{problem}",
+                         eval_problems=1, curve_problems=None, out_dir=str(tmp_path / "cell"))
+    train, heldout = cell.load_problem_splits(config, checker)
+    assert [p.prompt for p in heldout] == [MATH_ROWS[0]["problem"]]
+    assert [p.prompt for p in train] == [MATH_ROWS[1]["problem"], MATH_ROWS[3]["problem"]], "trained on held out"
+    assert "1 of 3 training problems repeat a held-out problem's prompt" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="every one of the 3 training problems is held out"):
+        cell.load_problem_splits(dataclasses.replace(config, eval_problems=3), checker)

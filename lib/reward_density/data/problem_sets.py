@@ -52,6 +52,22 @@ def heldout_problems(
     return chosen
 
 
+def without_heldout(train: list[Problem], heldout: Sequence[Problem], log: Callable[[str], None] = print,
+                    ) -> list[Problem]:
+    """The training problems no held-out problem repeats (by prompt): a held-out set drawn from the training data, as
+    a file that serves both or a test split that repeats training questions, is never trained on."""
+    held = {problem.prompt for problem in heldout}
+    kept = [problem for problem in train if problem.prompt not in held]
+    if not kept:
+        raise ValueError(f"every one of the {len(train)} training problems is held out: set world.heldout to "
+                         "problems training does not read")
+    if len(kept) < len(train):
+        shown = next(problem.problem_id for problem in train if problem.prompt in held)
+        log(f"  {len(train) - len(kept)} of {len(train)} training problems repeat a held-out problem's prompt (e.g. "
+            f"{shown}) and are left out of training")
+    return kept
+
+
 def _readable(problems: list[Problem], source: Path, checker: Checker) -> list[Problem]:
     """A mini-world file's problems, refused when the checker cannot read a gold: at load, before any work, rather
     than at the step that first samples the problem."""

@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data.answer_check import Checker
-from ..data.problem_sets import heldout_problems, training_problems
+from ..data.problem_sets import heldout_problems, training_problems, without_heldout
 from ..data.problems import Problem
 from ..data.sources import load_causal_lm, load_tokenizer
 from ..grpo.loss import LossConfig, scores_reference
@@ -86,8 +86,8 @@ class CellInputs:
 
 
 def load_problem_splits(config: CellConfig, checker: Checker) -> tuple[list[Problem], list[Problem]]:
-    """Training problems and the first eval_problems held-out problems (the same fixed set for every cell);
-    the SFT control's come from the world's control skill, scored on every fact it teaches."""
+    """Training problems and the first eval_problems held-out problems (the same fixed set for every cell, none of
+    them trained on); the SFT control's come from the world's control skill, scored on every fact it teaches."""
     if config.regime == SFT:
         if config.control is None:
             raise ValueError("the sft regime needs the world's control problems (world.control in the profile)")
@@ -98,6 +98,8 @@ def load_problem_splits(config: CellConfig, checker: Checker) -> tuple[list[Prob
     train = training_problems(source, config.prompt_template, subsets, checker)
     heldout = heldout_problems(source, heldout, config.prompt_template, subsets, checker, count=count,
                                split=config.eval_split)
+    if config.regime != SFT:  # the control is scored on the very facts it teaches
+        train = without_heldout(train, heldout)
     return train, heldout
 
 
