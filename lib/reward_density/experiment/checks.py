@@ -5,6 +5,7 @@ the caller adds where the value came from (a profile file and key, or a notebook
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -59,10 +60,12 @@ def int_at_least_two(value: Any) -> int:
 
 
 def _bounded(expected: str, accept: Callable[[int | float], bool]) -> Checker:
-    """A checker for numbers that `accept` admits."""
+    """A checker for finite numbers that `accept` admits."""
 
     def check(value: Any) -> int | float:
         number = _number(value, expected)
+        if not math.isfinite(number):  # YAML's .inf and .nan pass every comparison a range needs, or fail them all
+            raise InvalidValue(f"{expected}, finite")
         if not accept(number):
             raise InvalidValue(expected)
         return number
@@ -77,7 +80,7 @@ top_p_number = _bounded("a number in (0, 1]", lambda x: 0 < x <= 1)
 dropout_number = _bounded("a number in [0, 1)", lambda x: 0 <= x < 1)
 probability = _bounded("a probability in [0, 1]", lambda x: 0 <= x <= 1)
 open_unit_number = _bounded("a number in (0, 1)", lambda x: 0 < x < 1)
-any_number = _bounded("a number", lambda x: x == x)  # NaN is not one
+any_number = _bounded("a number", lambda x: True)
 
 
 def boolean(value: Any) -> bool:
