@@ -93,3 +93,12 @@ def test_a_cell_and_a_run_record_the_code_they_started_with_not_a_commit_made_wh
     times.append_to(tmp_path / "runs.jsonl")
     assert provenance.read_json(tmp_path / "cell" / "manifest.json")["git"]["commit"] == "started"
     assert json.loads((tmp_path / "runs.jsonl").read_text())["git"]["commit"] == "started"
+
+
+def test_a_json_result_gets_the_umasks_permissions_like_any_other_file(tmp_path):
+    from reward_density.experiment.provenance import write_json_atomic
+
+    write_json_atomic(tmp_path / "summary.json", {"pass1": 0.5})
+    (tmp_path / "history.csv").write_text("step\n")
+    assert (tmp_path / "summary.json").stat().st_mode & 0o777 == (tmp_path / "history.csv").stat().st_mode & 0o777
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["history.csv", "summary.json"]

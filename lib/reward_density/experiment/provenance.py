@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import platform
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -119,11 +120,17 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     """Write JSON to a temp file in the same folder, then rename: readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
-        json.dump(payload, handle, indent=2, sort_keys=True, default=str)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(handle.name, path)
+    # Opened with "x" rather than by tempfile, whose files are private (0600): the result gets the umask's
+    # permissions, as every other file a run writes, and stays readable to whoever shares the outputs.
+    temp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
+    try:
+        with open(temp, "x") as handle:
+            json.dump(payload, handle, indent=2, sort_keys=True, default=str)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)  # gone once replaced; half written when the dump failed
 
 
 def read_json(path: Path) -> Any:
