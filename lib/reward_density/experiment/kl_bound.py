@@ -156,7 +156,7 @@ def load_optdigits(config: OptdigitsConfig) -> OptdigitsData:
     x_train, x_eval, y_train, y_eval = train_test_split(
         digits.data, labels, test_size=config.eval_fraction, random_state=config.split_seed, stratify=digits.target,
     )
-    scaler = StandardScaler().fit(x_train)  # constant pixels stay at 0
+    scaler = StandardScaler().fit(x_train)  # a pixel constant in training is only centred (0 there)
     as_tensor = lambda a: torch.as_tensor(a, dtype=DTYPE)  # noqa: E731
     return OptdigitsData(
         as_tensor(scaler.transform(x_train)), as_tensor(y_train),
