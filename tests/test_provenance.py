@@ -102,3 +102,10 @@ def test_a_json_result_gets_the_umasks_permissions_like_any_other_file(tmp_path)
     (tmp_path / "history.csv").write_text("step\n")
     assert (tmp_path / "summary.json").stat().st_mode & 0o777 == (tmp_path / "history.csv").stat().st_mode & 0o777
     assert sorted(path.name for path in tmp_path.iterdir()) == ["history.csv", "summary.json"]
+
+
+def test_an_mps_device_is_named_as_the_gpu_not_as_the_cpus_threads():
+    from reward_density.experiment.provenance import device_description
+
+    assert device_description("mps").startswith("Apple GPU (mps)")
+    assert "torch thread" in device_description("cpu")

@@ -247,8 +247,8 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def summarise(config: CellConfig, history: list[dict], evals: list[dict], wall_seconds: float) -> dict[str, Any]:
-    """The cell's headline numbers (the analysis reads these): base and final over every held-out problem,
-    the peak over the curve problems."""
+    """The cell's headline numbers (the analysis reads these): base and final pass@1 over every held-out problem;
+    the peak, and the final length and truncation, over the curve problems (evals.csv's means)."""
     base = next(e for e in evals if e["step"] == 0)
     peak = max(evals, key=lambda e: (e["pass1"], -e["step"]))
     final = max(evals, key=lambda e: e["step"])

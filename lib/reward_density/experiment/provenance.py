@@ -79,6 +79,8 @@ def device_description(device: str | torch.device = "cpu") -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        return f"Apple GPU (mps) beside {cpu_model()}"
     threads = torch.get_num_threads()
     return f"{cpu_model()}, {threads} torch thread{'s' * (threads > 1)}"
 
