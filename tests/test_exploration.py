@@ -79,6 +79,15 @@ def test_the_live_board_has_a_step_before_the_cell_finishes(tmp_path):
 # ------------------------------------------------------------------ the library behind the notebooks
 
 
+def test_a_rerun_cell_shows_only_its_own_curves_on_the_board(tmp_path):
+    config = cell_config(SMOKE, "outcome", 1, 0, out_dir=tmp_path / "cell", report_to="tensorboard")
+    CellWriter(config).add_step({"step": 1, "loss": 0.25})
+    CellWriter(config).add_step({"step": 1, "loss": 0.5})  # the same cell run again by hand
+    events = EventAccumulator(str(tmp_path / "cell"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 0.5)], "the first run's curve remained"
+
+
 def test_a_text_rollout_ends_each_completion_with_eos_unless_it_was_cut(tiny_tokenizer):
     problems = [Problem("a", "Problem: 1 + 2 = ?\n", "3"), Problem("b", "Problem: 2 + 2 = ?\n", "4")]
     rollout = rollout_from_text(tiny_tokenizer, problems, ["3", "4 4"], truncated=[False, True])

@@ -157,6 +157,8 @@ class CellWriter:
         self.answers: list[dict] = []
         for stale in (cell_folder.COMPLETIONS, cell_folder.DEV_EVALS):  # appended to, or absent from this run
             (self.folder / stale).unlink(missing_ok=True)
+        for board in self.folder.glob(TENSORBOARD_EVENTS):  # TensorBoard would draw an earlier run's curves beside
+            board.unlink()
         self.board = live_board(config)
         write_json_atomic(self.folder / cell_folder.PARAMS, config.to_parameters() | {
             cell_folder.DERIVED: extra or {}, cell_folder.WORLD: fingerprints(config.world_inputs)})
@@ -222,6 +224,9 @@ class CellWriter:
         summary = summarise(self.config, self.history, self.evals, wall)
         write_json_atomic(self.folder / cell_folder.SUMMARY, summary)
         return summary
+
+
+TENSORBOARD_EVENTS = "events.out.tfevents.*"  # the files a SummaryWriter writes into its log_dir
 
 
 def live_board(config: CellConfig) -> Any:
