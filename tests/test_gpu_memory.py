@@ -56,3 +56,11 @@ def test_a_profile_without_a_micro_batch_size_is_estimated_on_its_whole_batch():
     assert whole["activations (one micro-batch)"] == student_memory(
         cell | {"micro_batch_size": cell["prompts_per_step"] * cell["group_size"]}, 1)["activations (one micro-batch)"]
     assert "Second GPU" in memory_table(cell, [None, 1])
+
+
+def test_an_fp32_cell_holds_its_caches_and_activations_at_four_bytes_a_value():
+    cell = load_profile(REPO_ROOT / "params" / "paper.yaml").cell
+    assert cell["precision"] == "bf16"
+    mixed, full = student_memory(cell, 1), student_memory(cell | {"precision": "fp32"}, 1)
+    for part in ("KV cache while sampling", "KV cache while evaluating", "activations (one micro-batch)"):
+        assert full[part] == pytest.approx(2 * mixed[part]), f"{part}: counted at 2 bytes a value in fp32"

@@ -60,9 +60,9 @@ class DecoderShape:
         """LoRA A and B of every linear layer of every decoder layer (the LM head is not adapted)."""
         return self.layers * sum(rank * (a + b) for a, b in self.linears())
 
-    def kv_cache_bytes(self, tokens: int) -> int:
-        """Keys and values of every layer for `tokens` positions, in bf16."""
-        return tokens * self.layers * 2 * self.kv_heads * self.head_dim * BF16
+    def kv_cache_bytes(self, tokens: int, value_bytes: int = BF16) -> int:
+        """Keys and values of every layer for `tokens` positions, value_bytes each (bf16 unless given)."""
+        return tokens * self.layers * 2 * self.kv_heads * self.head_dim * value_bytes
 
 
 # Published config.json values of the paper's models.
@@ -71,23 +71,23 @@ QWEN3_8B = DecoderShape(151936, 4096, 36, 12288, 32, 8, 128, tied=False)
 MATH_SHEPHERD_MISTRAL_7B = DecoderShape(32000, 4096, 32, 14336, 32, 8, 128, tied=False, qk_norm=False)
 
 
-def _activations(shape: DecoderShape, rows: int, tokens: int, checkpointing: bool) -> int:
-    """Activations kept for the backward pass of one micro-batch (bf16), roughly.
+def _activations(shape: DecoderShape, rows: int, tokens: int, checkpointing: bool, value_bytes: int) -> int:
+    """Activations kept for the backward pass of one micro-batch (value_bytes each), roughly.
 
     Per layer and token a decoder keeps ~ (10 hidden + 3 intermediate) values for the backward (norm
     inputs, q/k/v, attention output, MLP gate/up/act); with checkpointing only each layer's input is kept,
     plus one layer's worth while it is recomputed. Attention is flash/SDPA: no tokens^2 term.
     """
-    per_layer = rows * tokens * (10 * shape.hidden + 3 * shape.intermediate) * BF16
+    per_layer = rows * tokens * (10 * shape.hidden + 3 * shape.intermediate) * value_bytes
     if checkpointing:
-        return shape.layers * rows * tokens * shape.hidden * BF16 + per_layer
+        return shape.layers * rows * tokens * shape.hidden * value_bytes + per_layer
     return shape.layers * per_layer
 
 
-def _logits(shape: DecoderShape, rows: int, completion: int) -> int:
+def _logits(shape: DecoderShape, rows: int, completion: int, value_bytes: int = BF16) -> int:
     """The LM head's output over the completion and what the log-prob needs of it (logits_to_keep)."""
-    # bf16 logits, their fp32 copy, the tempered copy, and the softmax kept for the backward.
-    return rows * completion * shape.vocab * (BF16 + 3 * FP32)
+    # The logits (value_bytes each), their fp32 copy, the tempered copy, and the softmax kept for the backward.
+    return rows * completion * shape.vocab * (value_bytes + 3 * FP32)
 
 
 def student_memory(cell: dict[str, Any], rank: int | None, shape: DecoderShape = QWEN3_1_7B) -> dict[str, float]:
@@ -98,7 +98,7 @@ def student_memory(cell: dict[str, Any], rank: int | None, shape: DecoderShape =
     micro = _micro_batch(cell)
     prompt, completion = PROMPT_TOKENS, cell["max_new_tokens"]
     mixed = cell["precision"] == "bf16"
-    frozen = BF16 if mixed else FP32
+    frozen = values = BF16 if mixed else FP32  # the frozen weights' bytes; the activations' and caches' too
     persistent = {
         "weights": p * FP32 if rank is None else p * frozen + trained * FP32,
         "reference copy": p * frozen if rank is None and scores_reference(cell["beta"], cell["track_kl"]) else 0,
@@ -107,18 +107,18 @@ def student_memory(cell: dict[str, Any], rank: int | None, shape: DecoderShape =
     }
     backward = {
         "activations (one micro-batch)": _activations(shape, micro, prompt + completion,
-                                                      cell["gradient_checkpointing"]),
-        "logits (one micro-batch)": _logits(shape, micro, completion),
+                                                      cell["gradient_checkpointing"], values),
+        "logits (one micro-batch)": _logits(shape, micro, completion, values),
         # Autocast's bf16 copy of the fp32 master weights, kept for the backward (measured on an H200: README).
         "bf16 copy of the weights (FullFT)": _bf16_copy(shape, with_head=True) if rank is None and mixed else 0,
     }
     # The sampling decoder's weights (grpo/qwen3.py): each linear layer with its adapter folded in, and FullFT's
     # LM head, cast once from the fp32 master; in fp32 it reads the parameters themselves.
-    sampling = {"KV cache while sampling": shape.kv_cache_bytes(rows * (prompt + completion)),
+    sampling = {"KV cache while sampling": shape.kv_cache_bytes(rows * (prompt + completion), values),
                 "weights as the sampler reads them": _bf16_copy(shape, with_head=rank is None) if mixed else 0}
     evaluating = {
         "KV cache while evaluating": shape.kv_cache_bytes(
-            cell["eval_batch_size"] * (prompt + cell["eval_max_new_tokens"]))
+            cell["eval_batch_size"] * (prompt + cell["eval_max_new_tokens"]), values)
     }
     # Sampling, evaluating and the backward happen one after another: only the largest phase counts.
     step = sum(persistent.values()) + max(sum(backward.values()), sum(sampling.values()))
