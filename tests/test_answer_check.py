@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from reward_density.data import answer_check
-from reward_density.data.answer_check import AnswerChecker, Verdict, has_boxed_answer, wrap_gold
+from reward_density.data.answer_check import AnswerChecker, Verdict, wrap_gold
 
 # 9^(9^9) has ~370 million digits; sympy tries to evaluate it and runs for minutes.
 PATHOLOGICAL = r"\boxed{9^{9^{9}}}"
@@ -26,9 +26,15 @@ def test_wrap_gold_boxes_bare_answers_and_leaves_boxed_ones_alone():
     assert wrap_gold(r"$\boxed{7}$") == r"$\boxed{7}$", "a gold that already has \\boxed was wrapped again"
 
 
-def test_has_boxed_answer_sees_only_a_boxed_answer():
-    assert has_boxed_answer(r"so the answer is \boxed{18}."), "a \\boxed{} answer was not seen"
-    assert not has_boxed_answer("so the answer is 18."), "an unboxed answer was taken for a boxed one"
+@pytest.mark.parametrize("text, answered", [
+    (r"so the answer is \boxed{18}.", True),
+    (r"so the answer is \fbox{18}.", True),
+    (r"so the answer is \boxed 18", True),  # math-verify reads these too
+    ("so the answer is 18.", False),
+    (r"so the answer is \boxed{1", False),  # cut off inside its box: no answer to read
+])
+def test_an_answer_counts_as_given_where_the_checker_finds_a_box_to_read(text, answered):
+    assert AnswerChecker.has_answer(text) is answered, f"has_answer({text!r})"
 
 
 def test_unwrapped_latex_gold_misparses_which_is_why_golds_are_wrapped():

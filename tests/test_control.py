@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from reward_density.data.answer_check import has_boxed_answer
+from reward_density.data.answer_check import last_boxed
 from reward_density.world.control import ControlConfig, control_splits, control_table
 
 
@@ -31,7 +31,7 @@ def test_a_fact_states_its_value_and_boxes_it():
     problem = control_splits(ControlConfig(size=3), seed=0)["train"][0]
     fact = problem.prompt.split("Compute ")[1].split(".")[0]
     assert problem.solution.startswith(f"{fact}={problem.answer}\n")
-    assert has_boxed_answer(problem.solution) and problem.solution.endswith(f"\\boxed{{{problem.answer}}}")
+    assert last_boxed(problem.solution) == problem.answer and problem.solution.endswith(f"\\boxed{{{problem.answer}}}")
 
 
 def test_the_bits_to_learn_are_facts_times_the_values_entropy():

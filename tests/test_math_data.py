@@ -9,13 +9,12 @@ import datasets
 import huggingface_hub.constants
 import pytest
 
-from reward_density.data.answer_check import AnswerChecker, Verdict
+from reward_density.data.answer_check import AnswerChecker, Verdict, last_boxed
 from reward_density.data.math_data import (
     DataUnavailable,
     MathLoadReport,
     drop_unparsable,
     gold_answer,
-    last_boxed,
     load_math_problems,
 )
 from reward_density.data.problem_sets import heldout_problems

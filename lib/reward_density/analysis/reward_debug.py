@@ -14,8 +14,7 @@ import pandas as pd
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..data.answer_check import Checker, Verdict, last_number
-from ..data.math_data import last_boxed
+from ..data.answer_check import Checker, Verdict, last_boxed, last_number
 from ..data.problems import Problem, read_problems
 from ..data.steps import split_steps, step_end_tokens
 from ..experiment.config import CellConfig

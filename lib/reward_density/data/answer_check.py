@@ -30,9 +30,40 @@ def wrap_gold(gold: str) -> str:
     return gold if "\\boxed" in gold else f"\\boxed{{{gold}}}"
 
 
-def has_boxed_answer(text: str) -> bool:
-    """Whether the text contains a \\boxed{ answer."""
-    return "\\boxed{" in text
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+
+
+def _braced(text: str, start: int) -> str | None:
+    """The content of the brace group opening at text[start] ('{'), or None if it never closes."""
+    depth, i = 0, start
+    while i < len(text):
+        char = text[i]
+        if char == "\\":  # an escaped character, e.g. \{ or \}, never opens or closes a group
+            i += 2
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start + 1 : i]
+        i += 1
+    return None
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last \\boxed{...} or \\fbox{...} (or brace-less `\\boxed 5`) in text, or None."""
+    matches = list(_BOX.finditer(text))
+    if not matches:
+        return None
+    rest = text[matches[-1].end() :]
+    stripped = rest.lstrip()
+    if stripped.startswith("{"):
+        return _braced(stripped, 0)
+    if stripped == rest:  # neither a brace nor a space follows: not a boxed answer
+        return None
+    answer = re.match(r"[^\s$]*", stripped).group()
+    return answer or None
 
 
 _NUMBER = re.compile(r"(?:(?<!\d)-)?\d+(?:\.\d+)?")  # a minus right after a digit is a dash ("1600-1692")
@@ -102,8 +133,9 @@ class AnswerChecker:
 
     @staticmethod
     def has_answer(text: str) -> bool:
-        """Whether a completion states an answer in the form this checker reads (a \\boxed{})."""
-        return has_boxed_answer(text)
+        """Whether a completion states an answer in the form this checker reads: a closed \\boxed{} or \\fbox{}, or
+        a brace-less `\\boxed 5` (last_boxed)."""
+        return last_boxed(text) is not None
 
     def check(self, golds: Sequence[str], completions: Sequence[str]) -> list[Verdict]:
         """Verdict for each (gold, completion) pair; raises ValueError if a gold does not parse.

@@ -10,18 +10,16 @@ Sources (the same schema either way: a `problem` column and an `answer` or a `so
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .answer_check import Checker
+from .answer_check import Checker, last_boxed
 from .problems import Problem
 from .sources import is_local
 
 PLACEHOLDER = "{problem}"
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
 
 class DataUnavailable(ValueError):
@@ -49,39 +47,6 @@ class MathLoadReport:
     def with_unparsable(self, dropped: int) -> MathLoadReport:
         """This report after drop_unparsable removed `dropped` more problems."""
         return replace(self, kept=self.kept - dropped, unparsable=self.unparsable + dropped)
-
-
-def _braced(text: str, start: int) -> str | None:
-    """The content of the brace group opening at text[start] ('{'), or None if it never closes."""
-    depth, i = 0, start
-    while i < len(text):
-        char = text[i]
-        if char == "\\":  # an escaped character, e.g. \{ or \}, never opens or closes a group
-            i += 2
-            continue
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : i]
-        i += 1
-    return None
-
-
-def last_boxed(text: str) -> str | None:
-    """The content of the last \\boxed{...} or \\fbox{...} (or brace-less `\\boxed 5`) in text, or None."""
-    matches = list(_BOX.finditer(text))
-    if not matches:
-        return None
-    rest = text[matches[-1].end() :]
-    stripped = rest.lstrip()
-    if stripped.startswith("{"):
-        return _braced(stripped, 0)
-    if stripped == rest:  # neither a brace nor a space follows: not a boxed answer
-        return None
-    answer = re.match(r"[^\s$]*", stripped).group()
-    return answer or None
 
 
 def gold_answer(row: dict) -> str | None:

@@ -9,7 +9,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from ..data.math_data import last_boxed
+from ..data.answer_check import last_boxed
 from ..world.architectures import ModelSpec, new_mistral, new_qwen3
 from ..world.tokenizers import STEP_TAG, build_prm_tokenizer, build_student_tokenizer
 
