@@ -78,13 +78,16 @@ def write_rows(path, rows):
         (r"the answer is \fbox{18}", "18"),
         (r"first \boxed{1}, finally \fbox{\sqrt{2}}", r"\sqrt{2}"),
         (r"the answer is $\boxed 5$.", "5"),
+        (r"the answer is \boxed 5.", "5"),
+        (r"the answer is \boxed 3.5, so", "3.5"),
         (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),
         (r"\boxed{\frac{1}{2}", None),
         (r"\boxed{1} and then \boxed{2", None),
         ("the answer is 3", None),
         (r"\boxeddot{3}", None),
     ],
-    ids=["nested", "last-of-several", "fbox", "fbox-after-boxed", "brace-less", "escaped-braces",
+    ids=["nested", "last-of-several", "fbox", "fbox-after-boxed", "brace-less",
+         "brace-less-then-a-full-stop", "brace-less-decimal-then-a-comma", "escaped-braces",
          "unclosed", "last-unclosed", "none", "not-a-box-command"],
 )
 def test_last_boxed_takes_the_brace_matched_content_of_the_last_box(text, expected):

@@ -62,7 +62,7 @@ def last_boxed(text: str) -> str | None:
         return _braced(stripped, 0)
     if stripped == rest:  # neither a brace nor a space follows: not a boxed answer
         return None
-    answer = re.match(r"[^\s$]*", stripped).group()
+    answer = re.match(r"[^\s$]*", stripped).group().rstrip(".,;")  # the sentence goes on, not the answer
     return answer or None
 
 
