@@ -82,6 +82,7 @@ def test_the_benchmark_times_a_worlds_student_on_its_training_prompts_when_given
     assert model["timed"] == str(world / "student") and model["prompts"] == f"{world / 'problems'}/train.jsonl"
     assert (model["hidden"], model["layers"]) == (32, 1), f"the smoke student's shape, not --hidden's: {model}"
     assert 1 <= report["stacked_sampling_ms_per_decoding_step"]["completion_tokens_mean"] <= 4
+    assert 1 <= report["completion_tokens_mean"] <= 4, "the timed steps' completion length"
     assert report["ours_over_trl"] > 0 and set(report["cpu_seconds_per_step"]["TRL"]) == {"LoRA r=1", "FullFT"}
 
 

@@ -47,16 +47,21 @@ def speed_markdown(out_dir: str | Path, study_tokens: float | None = None) -> st
 
 
 def _workload(bench: dict[str, Any], study_tokens: float | None) -> str:
-    """'on <model> (hidden x layers), prompts from <prompts>: completions N tokens long on average, against the
-    study's M', as far as recorded."""
+    """'on <model> (hidden x layers), prompts from <prompts>: completions N tokens long on average in the timed
+    steps, against the study's M', as far as recorded."""
     model = bench.get("model")  # recorded since the benchmark can time a world's student
     if model is None:
         config = bench["config"]
         return f"on a random Qwen3 of hidden {config['hidden']} x {config['layers']} layers"
-    tokens = bench["stacked_sampling_ms_per_decoding_step"]["completion_tokens_mean"]
+    timed = bench.get("completion_tokens_mean")  # the timed steps' length; older benchmarks hold only the
+    if timed is None:  # profiled rollout's, sampled at the base weights before any step
+        tokens = bench["stacked_sampling_ms_per_decoding_step"]["completion_tokens_mean"]
+        length = f"completions {tokens:.1f} tokens long on average in the profiled rollout (at the base weights)"
+    else:
+        length = f"completions {timed:.1f} tokens long on average in the timed steps"
     study = "" if study_tokens is None else f", against {study_tokens:.1f} over the study's training (`len_mean`)"
     return (f"on {model['timed']} (hidden {model['hidden']} x {model['layers']} layers), prompts from "
-            f"{model['prompts']}: completions {tokens:.1f} tokens long on average{study}")
+            f"{model['prompts']}: {length}{study}")
 
 
 def _uncommitted(env: dict[str, Any]) -> str:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import datasets
 import torch
@@ -193,14 +193,23 @@ def _stacked_steps(model_dir: Path, config: BenchConfig) -> Callable[[int], dict
                                        seed=config.seed + i)[0]
 
 
-def time_stacked(model_dir: Path, config: BenchConfig) -> tuple[list[float], dict[str, float]]:
-    """CPU-seconds of each stacked step of every arm at once (our engine for the mini world), and the median
-    wall-seconds of each of its phases over the timed steps (on one thread, close to their CPU-seconds)."""
+class StackedTiming(NamedTuple):
+    """The timed stacked steps: CPU-seconds of each, the median wall-seconds of each phase (on one thread, close to
+    their CPU-seconds), and the mean completion length they sampled (of the first arm)."""
+
+    seconds: list[float]
+    phases: dict[str, float]
+    completion_tokens_mean: float
+
+
+def time_stacked(model_dir: Path, config: BenchConfig) -> StackedTiming:
+    """The stacked step of every arm at once (our engine for the mini world), timed after its warm-up steps."""
     step = _stacked_steps(model_dir, config)
     metrics: list[dict[str, float]] = []
     seconds = _cpu_seconds(lambda i: metrics.append(step(i)), config)
     timed = metrics[config.warmup:]
-    return seconds, {phase: statistics.median(m[f"{phase}_seconds"] for m in timed) for phase in PHASES}
+    return StackedTiming(seconds, {phase: statistics.median(m[f"{phase}_seconds"] for m in timed) for phase in PHASES},
+                         statistics.mean(m["len_mean"] for m in timed))
 
 
 def _stacked_policy(model_dir: Path, config: BenchConfig) -> tuple[PreTrainedTokenizerBase, StackedPolicy]:
@@ -404,12 +413,12 @@ def run_benchmark(config: BenchConfig, workdir: Path) -> dict:
 
 def _run(config: BenchConfig, workdir: Path) -> dict:
     model = build_model(config, workdir)
-    stacked_seconds, phases = time_stacked(model, config)
-    stacked = statistics.median(stacked_seconds)
+    timing = time_stacked(model, config)
+    stacked = statistics.median(timing.seconds)
     sampling = profile_sampling(model, config)
     flops = count_stacked_flops(model, config)
     # The same step without the KL penalty and without tracking it: the reference pass is skipped.
-    kl_free = statistics.median(time_stacked(model, dataclasses.replace(config, beta=0.0))[0])
+    kl_free = statistics.median(time_stacked(model, dataclasses.replace(config, beta=0.0)).seconds)
     single = {arm_name(r): statistics.median(time_single(model, config, r)) for r in config.ranks}
     trl_seconds = {arm_name(r): statistics.median(time_trl(model, config, r, workdir / f"trl-{r}"))
                    for r in config.ranks}
@@ -423,7 +432,8 @@ def _run(config: BenchConfig, workdir: Path) -> dict:
         "cpu_seconds_per_step": {"ours (stacked, all arms)": stacked, "ours (stacked, all arms, beta 0)": kl_free,
                                  "ours (peft)": single, "TRL": trl_seconds},
         "kl_free_saving": 1 - kl_free / stacked,  # the share of the step the reference pass costs
-        "stacked_phase_wall_seconds": phases,
+        "stacked_phase_wall_seconds": timing.phases,
+        "completion_tokens_mean": timing.completion_tokens_mean,  # of the timed steps
         "stacked_sampling_ms_per_decoding_step": sampling,
         "compute_floor": compute_floor(flops, matmul_gflops(), stacked, sum(trl_seconds.values())),
         "samples_per_cpu_second": throughput,

@@ -171,10 +171,10 @@ def time_lever(model_dir: Path, config: BenchConfig, lever: str) -> dict:
     """The stacked step's median CPU-seconds under the lever, its set-up and warm-up CPU-seconds, its phases."""
     with lever_patches(lever):
         start = time.process_time()
-        seconds, phases = time_stacked(model_dir, config)
+        timing = time_stacked(model_dir, config)
         total = time.process_time() - start
-    return {"cpu_seconds_per_step": statistics.median(seconds), "setup_and_warmup_cpu_seconds": total - sum(seconds),
-            "phase_wall_seconds": phases}
+    return {"cpu_seconds_per_step": statistics.median(timing.seconds),
+            "setup_and_warmup_cpu_seconds": total - sum(timing.seconds), "phase_wall_seconds": timing.phases}
 
 
 def run_levers(config: BenchConfig, levers: Sequence[str], workdir: Path) -> dict:
