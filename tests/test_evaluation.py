@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from reward_density.data.answer_check import AnswerChecker
+from reward_density.data.answer_check import AnswerChecker, LastIntegerChecker, Verdict
 from reward_density.data.problems import Problem
 from reward_density.experiment.evaluation import greedy_eval, pass_at_k, sampled_pass_at_k
 from reward_density.grpo.sampler import SamplingConfig
@@ -124,54 +124,73 @@ def test_dev_problems_beyond_the_dev_split_or_beside_a_dev_evaluation_are_clear_
         _smoke_config(tmp_path, dev_problems=3, eval_split="dev")
 
 
-HELDOUT = [SimpleNamespace(problem_id="000")]  # what base_evaluation reads of a held-out problem
+HELDOUT = [SimpleNamespace(problem_id="000", answer="12")]  # what base_evaluation reads of a held-out problem
+BASE_CONFIG = SimpleNamespace(device="cpu", precision="fp32", eval_max_new_tokens=4, eval_batch_size=1,
+                              student="student")
 
 
-def test_a_damaged_saved_base_evaluation_is_evaluated_again_with_a_warning(tmp_path, monkeypatch):
+@pytest.fixture
+def base_answers(tmp_path, monkeypatch):
+    """base_evaluation saving under key k in tmp_path, its greedy evaluation answering '12' to every problem
+    (graded by the checker it is given, in greedy_eval's order of keys); the config."""
     from reward_density.experiment import baseline
 
-    rows = [{"problem_id": "000", "correct": True}]
+    def greedy_eval(model, tokenizer, problems, checker, *args, **kwargs):
+        verdicts = checker.check([p.answer for p in problems], ["12"] * len(problems))
+        rows = [{"problem_id": p.problem_id, "verdict": v.value, "correct": v is Verdict.CORRECT, "length": 1,
+                 "answered": True, "truncated": False, "completion": "12"} for p, v in zip(problems, verdicts)]
+        return sum(r["correct"] for r in rows) / len(rows), rows
+
     monkeypatch.setattr(baseline, "base_eval_key", lambda config: "k")
-    monkeypatch.setattr(baseline, "greedy_eval", lambda *args, **kwargs: (1.0, rows))
-    config = SimpleNamespace(base_answers=str(tmp_path), device="cpu", precision="fp32", eval_max_new_tokens=4,
-                             eval_batch_size=1, student="student")
+    monkeypatch.setattr(baseline, "greedy_eval", greedy_eval)
+    return SimpleNamespace(**vars(BASE_CONFIG), base_answers=str(tmp_path))
+
+
+def test_a_damaged_saved_base_evaluation_is_evaluated_again_with_a_warning(base_answers, tmp_path):
+    from reward_density.experiment import baseline
+
     (tmp_path / "base-k.json").write_text('{"pass1": 0.5, "rows": [')
     with pytest.warns(UserWarning, match=r"base-k\.json is not valid JSON"):
-        assert baseline.base_evaluation(config, None, None, HELDOUT, None) == (1.0, rows)
-    assert baseline.base_evaluation(config, None, None, HELDOUT, None) == (1.0, rows), "the evaluation was not saved again"
+        computed = baseline.base_evaluation(base_answers, None, None, HELDOUT, LastIntegerChecker())
+    assert computed[0] == 1.0
+    assert baseline.base_evaluation(base_answers, None, None, HELDOUT, LastIntegerChecker()) == computed, \
+        "the evaluation was not saved again"
 
 
-def test_a_base_evaluation_gives_its_rows_keys_in_one_order_whether_computed_or_read_back(tmp_path, monkeypatch):
+def test_a_base_evaluation_gives_its_rows_keys_in_one_order_whether_computed_or_read_back(base_answers, tmp_path):
     """A cell's answers.csv takes its columns from the base rows' keys: computed or read from the saved
     evaluation, the same params must write the same bytes."""
     from reward_density.experiment import baseline
 
-    rows = [{"problem_id": "000", "verdict": "correct", "correct": True, "length": 3}]  # greedy_eval's order
-    monkeypatch.setattr(baseline, "base_eval_key", lambda config: "k")
-    monkeypatch.setattr(baseline, "greedy_eval", lambda *args, **kwargs: (1.0, [dict(r) for r in rows]))
-    config = SimpleNamespace(base_answers=str(tmp_path), device="cpu", precision="fp32", eval_max_new_tokens=4,
-                             eval_batch_size=1, student="student")
-    computed = baseline.base_evaluation(config, None, None, HELDOUT, None)
-    read_back = baseline.base_evaluation(config, None, None, HELDOUT, None)
+    computed = baseline.base_evaluation(base_answers, None, None, HELDOUT, LastIntegerChecker())
+    read_back = baseline.base_evaluation(base_answers, None, None, HELDOUT, LastIntegerChecker())
     assert (tmp_path / "base-k.json").is_file(), "the first call should have saved the evaluation"
     assert computed == read_back
     assert [list(row) for row in computed[1]] == [list(row) for row in read_back[1]], (
         "the computed rows' keys come in another order than the saved ones': answers.csv would differ in bytes")
 
 
-def test_a_saved_base_evaluation_of_other_problems_is_not_reused_nor_overwritten(tmp_path, monkeypatch):
+def test_a_saved_base_evaluation_is_graded_by_the_checker_as_it_is_now(base_answers, tmp_path):
+    """The key names what decides the completions, not the grading: a saved verdict from an older checker is not
+    what the cell's later evaluations would say."""
+    from reward_density.experiment import baseline
+
+    stale = {"problem_id": "000", "verdict": "wrong", "correct": False, "length": 2, "answered": False,
+             "truncated": False, "completion": "1,2 so 12.0"}
+    (tmp_path / "base-k.json").write_text(json.dumps({"pass1": 0.0, "rows": [stale], "student": "student"}))
+    pass1, [row] = baseline.base_evaluation(base_answers, None, None, HELDOUT, LastIntegerChecker())
+    assert (pass1, row["verdict"], row["correct"], row["answered"]) == (1.0, "correct", True, True)
+    assert list(row) == list(stale), "grading again reordered the row's keys"
+
+
+def test_a_saved_base_evaluation_of_other_problems_is_not_reused_nor_overwritten(base_answers, tmp_path):
     """One key, two held-out sets: a gold the checker failed to parse on one load dropped its problem."""
     from reward_density.experiment import baseline
 
-    monkeypatch.setattr(baseline, "base_eval_key", lambda config: "k")
-    monkeypatch.setattr(baseline, "greedy_eval", lambda model, tokenizer, problems, *args, **kwargs: (
-        0.5, [{"problem_id": p.problem_id, "correct": i == 0} for i, p in enumerate(problems)]))
-    config = SimpleNamespace(base_answers=str(tmp_path), device="cpu", precision="fp32", eval_max_new_tokens=4,
-                             eval_batch_size=1, student="student")
-    saved = {"pass1": 1.0, "rows": [{"problem_id": "000", "correct": True}], "student": "student"}
+    saved = {"pass1": 0.0, "rows": [{"problem_id": "000", "correct": False, "completion": "0"}], "student": "student"}
     (tmp_path / "base-k.json").write_text(json.dumps(saved))
-    heldout = [SimpleNamespace(problem_id="000"), SimpleNamespace(problem_id="001")]
+    heldout = [*HELDOUT, SimpleNamespace(problem_id="001", answer="12")]
     with pytest.warns(UserWarning, match=r"other held-out problems than this cell loaded \(1 there, 2 here"):
-        pass1, rows = baseline.base_evaluation(config, None, None, heldout, None)
-    assert (pass1, [r["problem_id"] for r in rows]) == (0.5, ["000", "001"]), "the other set's evaluation was reused"
+        pass1, rows = baseline.base_evaluation(base_answers, None, None, heldout, LastIntegerChecker())
+    assert (pass1, [r["problem_id"] for r in rows]) == (1.0, ["000", "001"]), "the other set's evaluation was reused"
     assert json.loads((tmp_path / "base-k.json").read_text()) == saved, "the saved evaluation was overwritten"

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..data.answer_check import Checker
+from ..data.answer_check import Checker, Verdict
 from ..data.problems import Problem
 from ..grpo.precision import autocast
 from ..grpo.sampler import SamplingConfig
@@ -62,13 +62,13 @@ def base_eval_key(config: CellConfig) -> str:
 def base_evaluation(config: CellConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
                     heldout: Sequence[Problem], checker: Checker) -> tuple[float, list[dict]]:
     """The base model's greedy pass@1 and rows: read from config.base_answers when its key is there and it scored
-    these problems, else evaluated now (and saved there unless another set's evaluation is, atomically: cells running
-    side by side may both write it)."""
+    these problems (its completions graded again by this checker), else evaluated now and saved there unless another
+    set's evaluation is (atomically: cells running side by side may both write it)."""
     path = None if config.base_answers is None else Path(config.base_answers) / f"base-{base_eval_key(config)}.json"
     saved = _read_saved(path) if path is not None and path.is_file() else None
     if saved is not None:
         if _same_problems(saved["rows"], heldout, path):
-            return saved["pass1"], saved["rows"]
+            return _regraded(saved["rows"], heldout, checker)
         path = None  # the saved evaluation of the other set stays as it is
     with autocast(config.device, config.precision):
         pass1, rows = greedy_eval(model, tokenizer, heldout, checker, config.eval_max_new_tokens,
@@ -77,6 +77,19 @@ def base_evaluation(config: CellConfig, model: torch.nn.Module, tokenizer: PreTr
         write_json_atomic(path, {"pass1": pass1, "rows": rows, "student": config.student})
     # Keys as a saved evaluation reads back (sorted), so a cell's answers.csv is the same bytes either way.
     return pass1, [dict(sorted(row.items())) for row in rows]
+
+
+def _regraded(rows: list[dict], heldout: Sequence[Problem], checker: Checker) -> tuple[float, list[dict]]:
+    """Saved completions graded by the checker as it is now, and their pass@1.
+
+    The key names what decides the completions (the student, the problems, the decoding), not the grading: a
+    change to the checker must reach the base as it reaches every later evaluation, and grading again costs little
+    beside decoding (math-verify checked the mini base's 1,000 completions in 0.25 s).
+    """
+    verdicts = checker.check([problem.answer for problem in heldout], [row["completion"] for row in rows])
+    graded = [row | {"verdict": verdict.value, "correct": verdict is Verdict.CORRECT,
+                     "answered": checker.has_answer(row["completion"])} for row, verdict in zip(rows, verdicts)]
+    return sum(row["correct"] for row in graded) / max(len(graded), 1), graded
 
 
 def _same_problems(rows: list[dict], heldout: Sequence[Problem], path: Path) -> bool:
@@ -102,9 +115,10 @@ def _read_saved(path: Path) -> dict | None:
     except ValueError as error:
         problem = str(error)
     else:
-        if isinstance(saved, dict) and {"pass1", "rows"} <= saved.keys():
+        if isinstance(saved, dict) and {"pass1", "rows"} <= saved.keys() and all(
+                isinstance(row, dict) and "completion" in row for row in saved["rows"]):
             return saved
-        problem = f"{path} lacks pass1 or rows"
+        problem = f"{path} lacks pass1, rows or the rows' completions"
     warnings.warn(f"the saved base evaluation is unusable, so the base model is evaluated again: {problem}",
                   stacklevel=2)
     return None
