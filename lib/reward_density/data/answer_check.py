@@ -255,7 +255,7 @@ class AnswerChecker:
 
 
 class LastIntegerChecker:
-    """The answer is the completion's last number (last_number), right where it is the integer gold: the
+    """The answer is the completion's last number (last_number), correct where it equals the integer gold: the
     multiplication task's rule (as in "Token-Efficient RL for LLM Reasoning"). Exact and instant, so no worker and
     no timeout."""
 
