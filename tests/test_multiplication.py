@@ -37,7 +37,7 @@ def test_splits_are_distinct_disjoint_products_and_too_many_is_an_error():
 
 @pytest.mark.parametrize("completion, verdict", [
     ("347*6\nAnswer: 1692", Verdict.CORRECT),
-    ("the product is 1,692.", Verdict.CORRECT),  # commas removed, as the paper does
+    ("the product is 1,692.", Verdict.CORRECT),  # a comma between thousands removed, as the paper does
     ("1692 or maybe 1693", Verdict.WRONG),  # the last integer counts
     ("no number here", Verdict.UNPARSABLE),
     ("between 1600-1692", Verdict.CORRECT),  # a dash after a digit is no minus sign
