@@ -41,6 +41,23 @@ def test_benchmark_times_every_implementation_on_every_arm_and_writes_json(tmp_p
         written["environment"]), "the benchmark must record what it ran on and the code it ran"
 
 
+def test_a_failing_part_leaves_what_was_measured_before_it_in_a_partial_report(tmp_path, monkeypatch):
+    from reward_density.tools import benchmark
+
+    def no_trl(*args, **kwargs):
+        raise RuntimeError("trl broke")
+
+    monkeypatch.setattr(benchmark, "time_trl", no_trl)
+    out = tmp_path / "bench.json"
+    with pytest.raises(RuntimeError, match="trl broke"):
+        main(["--steps", "1", "--warmup", "0", "--max-new-tokens", "4", "--hidden", "16", "--layers", "1",
+              "--ranks", "1", "--out", str(out)])
+    partial = json.loads((tmp_path / "bench.partial.json").read_text())
+    assert not out.exists(), "a failed run wrote the report the analysis reads"
+    assert partial["error"] == "RuntimeError: trl broke"
+    assert partial["cpu_seconds_per_step"]["ours (peft)"]["LoRA r=1"] > 0, "the parts timed before TRL were lost"
+
+
 def test_the_sampling_profile_splits_aten_time_into_products_attention_and_the_rest_without_counting_twice():
     x, w = torch.randn(6, 16, 128), torch.randn(6, 128, 256)
     q = torch.randn(96, 4, 1, 32)

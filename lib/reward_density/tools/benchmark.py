@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -405,40 +406,40 @@ def describe_model(model_dir: Path, config: BenchConfig) -> dict[str, Any]:
             "prompts": f"{config.problems}/{TRAIN_FILE}" if config.problems else "addition problems"}
 
 
-def run_benchmark(config: BenchConfig, workdir: Path) -> dict:
-    """Build the stand-in in workdir, time every implementation on every arm, return the report."""
+def run_benchmark(config: BenchConfig, workdir: Path, report: dict | None = None) -> dict:
+    """Build the stand-in in workdir, time every implementation on every arm, return the report. report, where
+    given, is filled as each part is timed, so a caller keeps what was measured before a later part failed."""
     with one_thread():
-        return _run(config, workdir)
+        return _run(config, workdir, {} if report is None else report)
 
 
-def _run(config: BenchConfig, workdir: Path) -> dict:
+def _run(config: BenchConfig, workdir: Path, report: dict) -> dict:
     model = build_model(config, workdir)
+    report.update(config=dataclasses.asdict(config), model=describe_model(model, config), environment=environment())
+    seconds = report["cpu_seconds_per_step"] = {}
     timing = time_stacked(model, config)
-    stacked = statistics.median(timing.seconds)
-    sampling = profile_sampling(model, config)
+    stacked = seconds["ours (stacked, all arms)"] = statistics.median(timing.seconds)
+    report.update(stacked_phase_wall_seconds=timing.phases,
+                  completion_tokens_mean=timing.completion_tokens_mean,  # of the timed steps
+                  stacked_sampling_ms_per_decoding_step=profile_sampling(model, config))
     flops = count_stacked_flops(model, config)
     # The same step without the KL penalty and without tracking it: the reference pass is skipped.
     kl_free = statistics.median(time_stacked(model, dataclasses.replace(config, beta=0.0)).seconds)
-    single = {arm_name(r): statistics.median(time_single(model, config, r)) for r in config.ranks}
-    trl_seconds = {arm_name(r): statistics.median(time_trl(model, config, r, workdir / f"trl-{r}"))
-                   for r in config.ranks}
+    seconds["ours (stacked, all arms, beta 0)"] = kl_free
+    report["kl_free_saving"] = 1 - kl_free / stacked  # the share of the step the reference pass costs
+    single = seconds["ours (peft)"] = {}
+    for rank in config.ranks:
+        single[arm_name(rank)] = statistics.median(time_single(model, config, rank))
+    trl_seconds = seconds["TRL"] = {}
+    for rank in config.ranks:
+        trl_seconds[arm_name(rank)] = statistics.median(time_trl(model, config, rank, workdir / f"trl-{rank}"))
+    report["compute_floor"] = compute_floor(flops, matmul_gflops(), stacked, sum(trl_seconds.values()))
     samples = config.samples_per_step * len(config.ranks)  # one step of every arm
-    throughput = {"ours (stacked)": samples / stacked, "ours (peft, one arm at a time)": samples / sum(single.values()),
-                  "TRL GRPOTrainer (one arm at a time)": samples / sum(trl_seconds.values())}
-    return {
-        "config": dataclasses.asdict(config),
-        "model": describe_model(model, config),
-        "environment": environment(),
-        "cpu_seconds_per_step": {"ours (stacked, all arms)": stacked, "ours (stacked, all arms, beta 0)": kl_free,
-                                 "ours (peft)": single, "TRL": trl_seconds},
-        "kl_free_saving": 1 - kl_free / stacked,  # the share of the step the reference pass costs
-        "stacked_phase_wall_seconds": timing.phases,
-        "completion_tokens_mean": timing.completion_tokens_mean,  # of the timed steps
-        "stacked_sampling_ms_per_decoding_step": sampling,
-        "compute_floor": compute_floor(flops, matmul_gflops(), stacked, sum(trl_seconds.values())),
-        "samples_per_cpu_second": throughput,
-        "ours_over_trl": throughput["ours (stacked)"] / throughput["TRL GRPOTrainer (one arm at a time)"],
-    }
+    throughput = report["samples_per_cpu_second"] = {
+        "ours (stacked)": samples / stacked, "ours (peft, one arm at a time)": samples / sum(single.values()),
+        "TRL GRPOTrainer (one arm at a time)": samples / sum(trl_seconds.values())}
+    report["ours_over_trl"] = throughput["ours (stacked)"] / throughput["TRL GRPOTrainer (one arm at a time)"]
+    return report
 
 
 def format_table(report: dict) -> str:
@@ -498,17 +499,28 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, Path | N
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    """Run the benchmark, print the table, write the JSON report when asked."""
+    """Run the benchmark, print the table, write the JSON report when asked; where a part fails, what was measured
+    before it goes to the report's .partial.json, and the error is raised."""
     config, out = parse_args(argv)
     quiet()
-    with tempfile.TemporaryDirectory() as workdir:
-        report = run_benchmark(config, Path(workdir))
+    report: dict = {}
+    try:
+        with tempfile.TemporaryDirectory() as workdir:
+            run_benchmark(config, Path(workdir), report)
+    except Exception as error:
+        if out is not None and report:
+            partial = out.with_suffix(".partial.json")
+            write_report({**report, "error": f"{type(error).__name__}: {error}"}, partial)
+            print(f"the benchmark failed; what it measured before is in {partial}", file=sys.stderr)
+        raise
     model = report["model"]
     print(f"{report['environment']}\nmedian of {config.steps} steps after {config.warmup} warmup, P={config.prompts} "
           f"G={config.generations} T={config.max_new_tokens}, {model['timed']} (hidden {model['hidden']} x "
           f"{model['layers']} layers) on {model['prompts']}, arms {', '.join(arm_name(r) for r in config.ranks)}")
     print(format_table(report))
     write_report(report, out)
+    if out is not None:
+        out.with_suffix(".partial.json").unlink(missing_ok=True)  # an earlier failure's, superseded
     return report
 
 
