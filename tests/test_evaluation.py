@@ -7,6 +7,7 @@ import pytest
 
 from reward_density.data.answer_check import AnswerChecker, LastIntegerChecker, Verdict
 from reward_density.data.problems import Problem
+from reward_density.experiment import baseline
 from reward_density.experiment.evaluation import greedy_eval, pass_at_k, sampled_pass_at_k
 from reward_density.grpo.sampler import SamplingConfig
 from reward_density.tools.stand_ins import build_qwen3
@@ -133,7 +134,6 @@ BASE_CONFIG = SimpleNamespace(device="cpu", precision="fp32", eval_max_new_token
 def base_answers(tmp_path, monkeypatch):
     """base_evaluation saving under key k in tmp_path, its greedy evaluation answering '12' to every problem
     (graded by the checker it is given, in greedy_eval's order of keys); the config."""
-    from reward_density.experiment import baseline
 
     def greedy_eval(model, tokenizer, problems, checker, *args, **kwargs):
         verdicts = checker.check([p.answer for p in problems], ["12"] * len(problems))
@@ -147,8 +147,6 @@ def base_answers(tmp_path, monkeypatch):
 
 
 def test_a_damaged_saved_base_evaluation_is_evaluated_again_with_a_warning(base_answers, tmp_path):
-    from reward_density.experiment import baseline
-
     (tmp_path / "base-k.json").write_text('{"pass1": 0.5, "rows": [')
     with pytest.warns(UserWarning, match=r"base-k\.json is not valid JSON"):
         computed = baseline.base_evaluation(base_answers, None, None, HELDOUT, LastIntegerChecker())
@@ -160,8 +158,6 @@ def test_a_damaged_saved_base_evaluation_is_evaluated_again_with_a_warning(base_
 def test_a_base_evaluation_gives_its_rows_keys_in_one_order_whether_computed_or_read_back(base_answers, tmp_path):
     """A cell's answers.csv takes its columns from the base rows' keys: computed or read from the saved
     evaluation, the same params must write the same bytes."""
-    from reward_density.experiment import baseline
-
     computed = baseline.base_evaluation(base_answers, None, None, HELDOUT, LastIntegerChecker())
     read_back = baseline.base_evaluation(base_answers, None, None, HELDOUT, LastIntegerChecker())
     assert (tmp_path / "base-k.json").is_file(), "the first call should have saved the evaluation"
@@ -173,8 +169,6 @@ def test_a_base_evaluation_gives_its_rows_keys_in_one_order_whether_computed_or_
 def test_a_saved_base_evaluation_is_graded_by_the_checker_as_it_is_now(base_answers, tmp_path):
     """The key names what decides the completions, not the grading: a saved verdict from an older checker is not
     what the cell's later evaluations would say."""
-    from reward_density.experiment import baseline
-
     stale = {"problem_id": "000", "verdict": "wrong", "correct": False, "length": 2, "answered": False,
              "truncated": False, "completion": "1,2 so 12.0"}
     (tmp_path / "base-k.json").write_text(json.dumps({"pass1": 0.0, "rows": [stale], "student": "student"}))
@@ -185,8 +179,6 @@ def test_a_saved_base_evaluation_is_graded_by_the_checker_as_it_is_now(base_answ
 
 def test_a_saved_base_evaluation_of_other_problems_is_not_reused_nor_overwritten(base_answers, tmp_path):
     """One key, two held-out sets: a gold the checker failed to parse on one load dropped its problem."""
-    from reward_density.experiment import baseline
-
     saved = {"pass1": 0.0, "rows": [{"problem_id": "000", "correct": False, "completion": "0"}], "student": "student"}
     (tmp_path / "base-k.json").write_text(json.dumps(saved))
     heldout = [*HELDOUT, SimpleNamespace(problem_id="001", answer="12")]

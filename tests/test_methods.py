@@ -150,11 +150,16 @@ def test_the_measured_step_starts_with_no_gradients_held_so_its_own_count_on_eit
     """CUDA's peak statistic subtracts what was allocated before the step: gradients kept from the warm-up would
     leave a FullFT step's gradients out there, while the CPU profiler counts them."""
     from reward_density.experiment import cell, step_memory
+
     policies, held = [], []
     make_policy, measure = cell.make_policy, step_memory.peak_allocated
+
+    def measured(fn, device):
+        held.append(any(p.grad is not None for p in policies[0].parameters(0)))
+        return measure(fn, device)
+
     monkeypatch.setattr(cell, "make_policy", lambda *a: policies.append(make_policy(*a)) or policies[-1])
-    monkeypatch.setattr(step_memory, "peak_allocated", lambda fn, device: (
-        held.append(any(p.grad is not None for p in policies[0].parameters(0))), measure(fn, device))[1])
+    monkeypatch.setattr(step_memory, "peak_allocated", measured)
     row = step_peak_memory(smoke_cell(smoke_project, None))
     assert held == [False], "the warm-up's gradients were still held when the measured step began"
     gradients = sum(p.numel() * p.element_size() for p in policies[0].parameters(0))

@@ -3,7 +3,7 @@ commit holding exactly those files even when the checkout's .git lags them (the 
 import json
 import subprocess
 
-from reward_density.experiment.provenance import git_state, working_tree
+from reward_density.experiment.provenance import device_description, git_state, working_tree, write_json_atomic
 
 
 def git(repo, *args: str) -> str:
@@ -76,7 +76,6 @@ def test_outside_a_checkout_there_is_no_commit_and_no_tree(tmp_path):
     assert working_tree(tmp_path) is None
 
 
-
 def test_a_cell_and_a_run_record_the_code_they_started_with_not_a_commit_made_while_they_ran(tmp_path, monkeypatch):
     from reward_density.experiment import cell, provenance
     from reward_density.experiment.profiles import REPO_ROOT, cell_config, load_profile
@@ -96,8 +95,6 @@ def test_a_cell_and_a_run_record_the_code_they_started_with_not_a_commit_made_wh
 
 
 def test_a_json_result_gets_the_umasks_permissions_like_any_other_file(tmp_path):
-    from reward_density.experiment.provenance import write_json_atomic
-
     write_json_atomic(tmp_path / "summary.json", {"pass1": 0.5})
     (tmp_path / "history.csv").write_text("step\n")
     assert (tmp_path / "summary.json").stat().st_mode & 0o777 == (tmp_path / "history.csv").stat().st_mode & 0o777
@@ -105,7 +102,5 @@ def test_a_json_result_gets_the_umasks_permissions_like_any_other_file(tmp_path)
 
 
 def test_an_mps_device_is_named_as_the_gpu_not_as_the_cpus_threads():
-    from reward_density.experiment.provenance import device_description
-
     assert device_description("mps").startswith("Apple GPU (mps)")
     assert "torch thread" in device_description("cpu")

@@ -121,6 +121,14 @@ def test_where_each_arm_stopped_is_set_side_by_side():
     assert "75 ± 10, 0.650 ± 0.030" in full and "175 ± 10, 0.650 ± 0.030" in full
 
 
+
+def test_a_one_seed_study_shows_where_its_arms_stopped_without_an_sd():
+    one_seed = steps(175.0).assign(n_seeds=1, step_std=float("nan"), heldout_pass1_std=float("nan"))
+    full = next(line for line in stopping_steps(steps(75.0), one_seed, NAMES).markdown.splitlines()
+                if line.startswith("| process | full"))
+    assert "| 175, 0.650 |" in full and "nan" not in full, full
+
+
 def test_two_dev_stopped_studies_are_also_compared_at_their_chosen_steps(tmp_path):
     last = {("process", "r1"): "different"}
     original = study(tmp_path / "mini", last, chosen={("process", "r1"): "different"})

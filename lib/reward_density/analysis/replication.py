@@ -14,7 +14,7 @@ import pandas as pd
 
 from .plots import plot_equivalence
 from .rank_needed import TOO_FEW_DENSITIES, growth, needed_frame, needed_ranks
-from .tables import WORLDS, Table, compared_worlds_sentence, frame_worlds, markdown_table
+from .tables import WORLDS, Table, compared_worlds_sentence, frame_worlds, markdown_table, mean_sd
 
 SUMMARIES = ("equivalence.csv", "gain.csv")
 STOPPING_SUMMARIES = ("equivalence_chosen.csv", "chosen_steps.csv")  # a dev-stopped study's (report.py), if any
@@ -128,12 +128,12 @@ def fullft_gains(original: pd.DataFrame, replication: pd.DataFrame, names: tuple
 
 def stopping_steps(original: pd.DataFrame, replication: pd.DataFrame, names: tuple[str, str]) -> Table:
     """Each arm of two dev-stopped studies (their chosen_steps tables): where it stopped and its held-out pass@1
-    there, mean ± sd over seeds, in both."""
+    there, mean ± sd over seeds (the mean alone for one seed), in both."""
     both = _side_by_side(original, replication, ["regime", "arm"],
                          ["step_mean", "step_std", "heldout_pass1_mean", "heldout_pass1_std"])
     rows = [[r.regime, r.arm]
-            + [f"{getattr(r, f'step_mean_{s}'):.0f} ± {getattr(r, f'step_std_{s}'):.0f}, "
-               f"{getattr(r, f'heldout_pass1_mean_{s}'):.3f} ± {getattr(r, f'heldout_pass1_std_{s}'):.3f}"
+            + [f"{mean_sd(getattr(r, f'step_mean_{s}'), getattr(r, f'step_std_{s}'), 0)}, "
+               f"{mean_sd(getattr(r, f'heldout_pass1_mean_{s}'), getattr(r, f'heldout_pass1_std_{s}'), 3)}"
                for s in STUDIES] for r in both.itertuples()]
     header = ["regime", "arm", f"{names[0]}: step, held-out pass@1", f"{names[1]}: step, held-out pass@1"]
     return Table(both, markdown_table(header, rows))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .load import KEYS, Cells, arms, regimes
-from .tables import Table, final_answers, markdown_table
+from .tables import Table, final_answers, markdown_table, mean_sd
 
 
 def best_steps(evals: pd.DataFrame) -> pd.DataFrame:
@@ -63,6 +63,5 @@ def chosen_table(cells: Cells, at_chosen: pd.DataFrame) -> Table:
 
 
 def _mean_sd(row, column: str, digits: int) -> str:
-    """"mean ± sd" of a column of chosen_table's frame; the mean alone for one seed (no sd)."""
-    mean, sd = getattr(row, column + "_mean"), getattr(row, column + "_std")
-    return f"{mean:.{digits}f}" if pd.isna(sd) else f"{mean:.{digits}f} ± {sd:.{digits}f}"
+    """mean_sd of a column of chosen_table's frame."""
+    return mean_sd(getattr(row, column + "_mean"), getattr(row, column + "_std"), digits)

@@ -77,6 +77,11 @@ def _format_mean_sd(mean: float, sd: float, n: int) -> str:
     return f"{mean:.3f} (n=1)" if n == 1 else f"{mean:.3f} ± {sd:.3f}"
 
 
+def mean_sd(mean: float, sd: float, digits: int) -> str:
+    """"mean ± sd" to the digits; the mean alone where there is no sd (one seed)."""
+    return f"{mean:.{digits}f}" if pd.isna(sd) else f"{mean:.{digits}f} ± {sd:.{digits}f}"
+
+
 def rounded(frame: pd.DataFrame, decimals: int = 4) -> pd.DataFrame:
     """frame rounded for printing, without -0.0: the sign of a value that rounds to zero is float noise that
     differs between CPUs (a GRPO loss near 0), and printed outputs are compared across machines."""
