@@ -47,7 +47,7 @@ def sft_step(
     """
     start = time.perf_counter()
     arms = policy.n_arms
-    device = next(iter(policy.parameters(0))).device
+    device = policy.parameters(0)[0].device
     parts = [teacher_forced(tokenizer, problems[rows], arms) for rows in micro_batches(len(problems),
                                                                                       micro_batch_size)]
     tokens = sum(_per_arm(part.completion_mask.float(), arms) for part in parts)
