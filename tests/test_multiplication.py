@@ -61,6 +61,9 @@ def test_only_a_comma_between_thousands_is_removed():
 def test_a_gold_that_is_not_an_integer_and_an_unknown_format_are_refused():
     with pytest.raises(ValueError, match="not integers"):
         LastIntegerChecker().check(["3/4"], ["3"])
+    with pytest.raises(ValueError, match="not integers"):  # golds read commas as answers do: "1,2" is no 12
+        LastIntegerChecker().check(["1,2"], ["12"])
+    assert LastIntegerChecker().check([" 1,692 "], ["1692"]) == [Verdict.CORRECT]
     with pytest.raises(ValueError, match="unknown answer format 'latex'"):
         make_checker("latex")
 

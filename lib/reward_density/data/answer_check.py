@@ -78,6 +78,11 @@ def last_number(text: str) -> Decimal | None:
     return Decimal(found[-1]) if found else None
 
 
+def _plain(gold: str) -> str:
+    """A gold answer without its surrounding space and the commas between its thousands."""
+    return _THOUSANDS.sub("", gold.strip())
+
+
 def _worker_main(conn) -> None:
     """Worker loop: one reply per entry, a bool per gold of ("golds", ...), a verdict per pair of ("items", ...)."""
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # silences "timeout is disabled" warnings
@@ -275,12 +280,12 @@ class LastIntegerChecker:
             raise ValueError(f"these gold answers are not integers (a data bug, not a wrong answer): {bad!r}")
         answers = [last_number(text) for text in completions]
         return [Verdict.UNPARSABLE if answer is None
-                else Verdict.CORRECT if answer == int(gold.replace(",", "")) else Verdict.WRONG
+                else Verdict.CORRECT if answer == int(_plain(gold)) else Verdict.WRONG
                 for gold, answer in zip(golds, answers)]
 
     def unparsable_golds(self, golds: Sequence[str]) -> list[str]:
-        """The distinct golds that are not plain integers, in order."""
-        return [gold for gold in dict.fromkeys(golds) if not _INTEGER.fullmatch(gold.replace(",", "").strip())]
+        """The distinct golds that are not integers (commas only between thousands, as answers read), in order."""
+        return [gold for gold in dict.fromkeys(golds) if not _INTEGER.fullmatch(_plain(gold))]
 
     def close(self) -> None:
         """Nothing to stop (the AnswerChecker interface)."""
