@@ -104,6 +104,8 @@ def test_scorer_gives_softmax_of_good_and_bad_logits_at_each_step_tag(scorer, pr
 def test_tag_text_inside_a_step_does_not_add_a_score(scorer):
     scores, lost = scorer.score("What is 1 + 1? ки", ["1 + 1 = 2 ки", "So we get 2."])
     assert len(scores) == 2 and lost == 0, f"stray tag text changed the number of scores: {scores}, lost {lost}"
+    scores, lost = scorer.score("What is 1 + 1?", ["1 + 1 = 2 ккии"])  # one pass of removal would leave "ки"
+    assert len(scores) == 1 and lost == 0, f"nested tag text changed the number of scores: {scores}, lost {lost}"
 
 
 def test_batched_scoring_matches_one_by_one_despite_padding(prm, prm_tok, scorer):

@@ -53,9 +53,7 @@ class PRMScorer:
 
     def encode(self, question: str, steps: list[str]) -> tuple[list[int], list[int], int]:
         """PRM input ids cut at the last tag that fits, the tag positions kept, and the number of steps lost."""
-        # Tag text inside the question or a step would read as an extra tag; drop it.
-        bare = self.step_tag.strip()
-        question, steps = question.replace(bare, ""), [s.replace(bare, "") for s in steps]
+        question, steps = self._untagged(question), [self._untagged(s) for s in steps]
         text = f"{question} " + "\n".join(s + self.step_tag for s in steps)
         ids = self.tokenizer.encode(text)
         tags = [p for p, i in enumerate(ids) if i == self.tag_id]
@@ -63,6 +61,14 @@ class PRMScorer:
             raise ValueError(f"found {len(tags)} step tags for {len(steps)} steps: the tag merged with its neighbours")
         kept = [p for p in tags if p < self.max_length]
         return ids[: kept[-1] + 1] if kept else [], kept, len(steps) - len(kept)
+
+    def _untagged(self, text: str) -> str:
+        """text without the tag's text, which would read as an extra tag; dropped until none is left, since one
+        pass leaves a tag where two overlapped ("ккии")."""
+        bare = self.step_tag.strip()
+        while bare in text:
+            text = text.replace(bare, "")
+        return text
 
     def score(self, question: str, steps: list[str]) -> tuple[list[float], int]:
         """P(good) for each step that fits in the PRM's context, and the number of steps that did not."""
