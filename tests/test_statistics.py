@@ -193,6 +193,26 @@ def test_the_projected_number_of_seeds_gives_the_tost_power_it_promises():
     assert at_half < 0.6, f"half the projected seeds ({needed // 2}) still showed equivalence in {at_half:.0%}"
 
 
+def test_a_pilot_is_projected_powered_at_its_own_size_exactly_when_its_own_test_is():
+    # The projection at the pilot's own seeds must be the test the pilot ran: the same standard error and the same
+    # degrees of freedom. Giving each variance component its mean square's degrees of freedom instead made a
+    # 4-seed pilot look powered at 4 seeds (df ~15-34 where its test had ~3).
+    rng, margin, t = np.random.default_rng(3), 0.05, stats.t.ppf
+    agreed = powered = 0
+    for _ in range(60):
+        a = (rng.random((4, 1000)) < np.clip(0.6 + rng.normal(0, 0.03, (4, 1)), 0, 1)).astype(float)
+        diffs = a - (rng.random((4, 1000)) < 0.6)
+        own = crossed_interval(diffs)
+        own_powered = margin >= (t(0.95, own.df) + t(0.9, own.df)) * own.se  # TOST at alpha 0.05, power 0.8
+        needed = seeds_for_equivalence(diffs, margin, alpha=0.05, power=0.8)
+        projected_powered = needed is not None and needed <= 4
+        assert projected_powered == own_powered, (
+            f"the 4-seed test (se {own.se:.4f}, df {own.df:.1f}) is {'' if own_powered else 'not '}powered, but the "
+            f"projection asks for {needed} seeds")
+        agreed, powered = agreed + 1, powered + own_powered
+    assert 0 < powered < agreed, f"the pilots should include powered and unpowered ones ({powered} of {agreed})"
+
+
 def test_without_seed_variance_two_seeds_suffice_and_problem_variance_alone_can_need_more_problems():
     rng = np.random.default_rng(0)
     quiet = rng.normal(0, 0.01, (4, 1000))  # tiny problem-level noise, no seed effect

@@ -128,7 +128,13 @@ def variance_of_mean(diffs: np.ndarray) -> tuple[float, float]:
                          "for new runs")
     if n_problems == 1:  # one crossed factor left: the ordinary variance of a mean over seeds
         return float(diffs.var(ddof=1) / n_seeds), float(n_seeds - 1)
-    ms_seed, ms_problem, ms_residual = _mean_squares(diffs)
+    return _grand_mean_variance(*_mean_squares(diffs), n_seeds, n_problems)
+
+
+def _grand_mean_variance(ms_seed: float, ms_problem: float, ms_residual: float, n_seeds: int,
+                         n_problems: int) -> tuple[float, float]:
+    """The grand mean's variance from the two-way mean squares, (MS_seed + MS_problem - MS_residual) / (S P), and
+    its Satterthwaite degrees of freedom."""
     cells, df_residual = n_seeds * n_problems, (n_seeds - 1) * (n_problems - 1)
     combined = ms_seed + ms_problem - ms_residual
     if combined <= ms_residual:  # seeds and problems show no spread of their own: the residual's share is the floor
@@ -166,14 +172,19 @@ def seeds_for_equivalence(diffs: np.ndarray, margin: float, alpha: float = 0.05,
     if not _seeds_suffice(problem_var, n_problems, margin, alpha, power):  # the problems' share alone is too large
         return None
     for seeds in range(2, max_seeds + 1):
-        terms = [(seed_var / seeds, seeds - 1), (problem_var / n_problems, n_problems - 1),
-                 (ms_residual / (seeds * n_problems), (seeds - 1) * (n_problems - 1))]
-        terms = [(v, df) for v, df in terms if v > 0]
-        if not terms:  # no variance at all: the smallest study already decides
-            return seeds
-        if _tost_powered(np.sqrt(sum(v for v, _ in terms)), _satterthwaite(terms), margin, alpha, power):
+        variance, df = _projected_variance(seed_var, problem_var, ms_residual, seeds, n_problems)
+        if variance == 0 or _tost_powered(np.sqrt(variance), df, margin, alpha, power):
             return seeds
     return None
+
+
+def _projected_variance(seed_var: float, problem_var: float, ms_residual: float, n_seeds: int,
+                        n_problems: int) -> tuple[float, float]:
+    """The grand mean's variance and degrees of freedom that variance_of_mean would give a study of n_seeds seeds
+    on these problems: from the mean squares such a study expects (E[MS_seed] = sigma_e^2 + P sigma_seed^2,
+    E[MS_problem] = sigma_e^2 + S sigma_problem^2), so its degrees of freedom are those of the test it projects."""
+    return _grand_mean_variance(ms_residual + n_problems * seed_var, ms_residual + n_seeds * problem_var,
+                                ms_residual, n_seeds, n_problems)
 
 
 def seeds_can_decide(diffs: np.ndarray, margin: float, alpha: float = 0.05, power: float = 0.8) -> bool:
