@@ -338,6 +338,25 @@ def test_stacked_arms_run_as_one_job_whose_notebook_and_log_are_the_groups(root,
     assert {"cell.ipynb", "run.log"} <= {p.name for p in group.iterdir()}
 
 
+def test_a_groups_rerun_keeps_the_notebook_and_log_of_its_arms_that_finished(root, capsys):
+    path = root / "params" / "tiny.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["cell"]["engine"], data["matrix"]["ranks"] = "stacked", [1, 2]
+    path.write_text(yaml.safe_dump(data))
+    group = root / "outputs" / "tiny" / "groups" / "outcome-s0"
+    group.mkdir(parents=True)
+    (group / "run.log").write_text("the run that finished outcome-rfull-s0")
+    cell_dir(root, "outcome-rfull-s0").mkdir(parents=True)
+    (cell_dir(root, "outcome-rfull-s0") / "summary.json").write_text("{}")
+    report = run_matrix(profile_of(root), root, TRAIN, cells_filter="outcome-*")
+    assert sorted(report.finished) == ["outcome-r1-s0", "outcome-r2-s0"]
+    [kept] = [p for p in group.parent.iterdir() if p.name.startswith("outcome-s0.earlier-")]
+    assert (kept / "run.log").read_text() == "the run that finished outcome-rfull-s0", \
+        "the only log of a finished arm was cleared with its group's folder"
+    assert "finished: its notebook and log are kept in" in capsys.readouterr().err
+    assert {"cell.ipynb", "run.log"} <= {p.name for p in group.iterdir()}, "the rerun writes its own notebook and log"
+
+
 def test_each_concurrent_cell_gets_its_own_gpus(root, monkeypatch):
     monkeypatch.setenv("FAKE_SLEEP", "1")
     report = run_matrix(profile_of(root), root, TRAIN, gpus=["5", "7"])

@@ -17,6 +17,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -220,10 +221,28 @@ def fresh_folder(folder: Path) -> Path:
 
 
 def prepare(job: Job, profile: Profile, root: Path) -> Path:
-    """Clear the leftovers of the job's cells and return its (fresh) folder."""
+    """Clear the leftovers of the job's cells and return its (fresh) folder. A group's folder that holds the
+    notebook and log of arms that finished (the group's earlier run) is kept, renamed, not cleared."""
     for cell in job.cells:
         fresh_folder(profile.cells_dir(root) / cell.name)
-    return fresh_folder(job.folder(profile, root))
+    folder = job.folder(profile, root)
+    finished = _finished_neighbours(job, profile, root)
+    if finished and folder.exists():
+        kept = folder.with_name(f"{folder.name}.earlier-{time.strftime('%Y%m%dT%H%M%S')}")
+        folder.rename(kept)
+        tqdm.write(f"{folder.name}'s earlier run, whose arms {', '.join(finished)} finished: its notebook and log "
+                   f"are kept in {kept}", file=sys.stderr)
+    return fresh_folder(folder)
+
+
+def _finished_neighbours(job: Job, profile: Profile, root: Path) -> list[str]:
+    """The finished arms of a group job's regime and seed that it does not train (none for a one-cell job)."""
+    if len(job.cells) == 1:
+        return []
+    first, names = job.cells[0], {cell.name for cell in job.cells}
+    return [cell.name for cell in profile.cells()
+            if (cell.regime, cell.seed) == (first.regime, first.seed) and cell.name not in names
+            and cell_folder.is_finished(profile.cells_dir(root) / cell.name)]
 
 
 def base_answers_dir(profile: Profile, root: Path) -> Path:
