@@ -146,6 +146,21 @@ def test_a_run_that_analyses_refuses_a_stale_finished_cell_its_cells_filter_leav
         "without the analysis, a run of other cells need not answer for this one")
 
 
+def test_a_run_that_analyses_refuses_finished_cells_the_matrix_no_longer_plans(root, capsys):
+    assert run_matrix(profile_of(root), root, TRAIN, cells_filter="outcome-r1-*").finished == ["outcome-r1-s0"]
+    path = root / "params" / "tiny.yaml"
+    path.write_text(path.read_text().replace("- 0\n", "- 1\n", 1))  # the matrix's seeds: [0] -> [1]
+    assert [c.seed for c in profile_of(root).cells()] == [1] * 4, "the edit should move the matrix to seed 1"
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells,analysis"]) == 2
+    error = capsys.readouterr().err
+    assert "not in the matrix" in error and "outcome-r1-s0" in error, error
+    assert not cell_dir(root, "outcome-r1-s1").exists(), "a cell ran although the run was refused"
+    with pytest.raises(StaleCells, match="outcome-r1-s0"):  # the stage itself, called from anywhere
+        stages.stage_analysis(profile_of(root), root)
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells", "--cells", "process-*"]) == 0, (
+        "without the analysis, a run of other cells need not answer for that one")
+
+
 def test_a_finished_cell_whose_world_changed_since_stops_the_cells_stage_and_is_kept(root, capsys):
     assert run_matrix(profile_of(root), root, TRAIN, cells_filter="outcome-r1-*").finished == ["outcome-r1-s0"]
     folder, world = cell_dir(root, "outcome-r1-s0"), root / "outputs" / "smoke" / "world"

@@ -30,7 +30,7 @@ from ..experiment.profiles import (
 from ..world.build import config_of_build
 from .local import gpu_slots
 from .lock import FolderInUse, exclusive
-from .matrix import StaleCells, check_finished_cells, select_cells
+from .matrix import StaleCells, check_finished_cells, check_no_unplanned_cells, select_cells
 from .notebooks import NotebookFailed, notebook_parameters
 from .reachability import WorldUnreachable, check_world
 from .slurm import profile_executor
@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         check_answer_format(profile)
         # Before the world stage, which may rebuild the world: the cells stage compares the world itself.
         check_finished_cells(profile, root, cells_to_check(profile, args.stages, args.cells), world=False)
+        if "analysis" in args.stages:
+            check_no_unplanned_cells(profile, root)
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
         slots = gpu_slots(args.gpus, profile) if args.gpus else None

@@ -175,6 +175,18 @@ def check_finished_cells(profile: Profile, root: Path, cells: list[MatrixCell], 
               "they read: for a world the profile builds, its build_world settings) to analyse them")
 
 
+def check_no_unplanned_cells(profile: Profile, root: Path) -> None:
+    """Refuse to analyse when cells/ holds finished cells the profile does not plan (seeds or ranks taken out of
+    it, say): the analysis reads every finished cell, and the stale check can compare only the planned ones."""
+    planned, cells_dir = {cell.name for cell in profile.cells()}, profile.cells_dir(root)
+    unplanned = sorted(folder.name for folder in cells_dir.iterdir() if folder.name not in planned
+                       and cell_folder.is_finished(folder)) if cells_dir.is_dir() else []
+    if unplanned:
+        raise StaleCells(f"{len(unplanned)} finished cell(s) under {cells_dir} are not in the matrix of {profile.path} "
+                         f"({', '.join(unplanned[:6])}{', ...' if len(unplanned) > 6 else ''}), and the analysis "
+                         "reads every finished cell: move those folders elsewhere, or put them back in the matrix")
+
+
 def pending_jobs(profile: Profile, root: Path, cells_filter: str | None) -> tuple[list[Job], RunReport]:
     """The selected, unfinished cells in jobs, and a report that lists the finished ones as skipped.
 

@@ -30,7 +30,15 @@ from ..world.build import (
 )
 from .local import run_matrix
 from .lock import exclusive, reading, replacing
-from .matrix import RunReport, StaleCells, base_answers_dir, cells_reading, changes_text, check_finished_cells
+from .matrix import (
+    RunReport,
+    StaleCells,
+    base_answers_dir,
+    cells_reading,
+    changes_text,
+    check_finished_cells,
+    check_no_unplanned_cells,
+)
 from .notebooks import execute_notebook, existing_notebook
 from .slurm import submit_matrix
 
@@ -209,8 +217,10 @@ def _under(path: Path, root: Path) -> str:
 def stage_analysis(profile: Profile, root: Path) -> None:
     """Run the analysis on whatever cells are finished (a learning-rate sweep's own analysis for a sweep), then the
     with/without-KL, method or replication comparison when the profile names the studies to compare with; refuse
-    (StaleCells) when a finished cell, selected by --cells or not, ran with settings the profile no longer gives."""
+    (StaleCells) when a finished cell, selected by --cells or not, ran with settings the profile no longer gives, or
+    is not in its matrix."""
     check_finished_cells(profile, root, profile.cells(), world=False)
+    check_no_unplanned_cells(profile, root)
     outputs, planned = profile.outputs_dir(root), [cell.name for cell in profile.cells()]
     if profile.matrix.sweeps_rates:
         notebook, written = "sweep_analysis.py", "sweep.md"
