@@ -391,6 +391,14 @@ def test_gpu_list_is_split_into_one_slot_per_cell(capsys):
             gpu_slots(bad, paper)
 
 
+@pytest.mark.parametrize("options, message", [(["--gpus", ""], "distinct GPU indices"),
+                                              (["--gpus", "0", "--executor", "local"], "cluster.gpus_per_node")])
+def test_gpus_that_would_be_ignored_are_refused(root, capsys, options, message):
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells", *options]) == 2
+    assert message in capsys.readouterr().err
+    assert not (root / "outputs" / "tiny" / "cells").exists(), "a cell ran although the run was refused"
+
+
 def test_failing_cell_does_not_stop_the_others(root, monkeypatch):
     monkeypatch.setenv("FAKE_FAIL", "process-r1-*")
     report = run_matrix(profile_of(root), root, TRAIN, cells_filter="process-*", jobs=2)

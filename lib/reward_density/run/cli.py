@@ -89,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
             check_no_unplanned_cells(profile, root)
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
-        slots = gpu_slots(args.gpus, profile) if args.gpus else None
+        if args.gpus is not None and args.executor:
+            raise ValueError("--gpus places cells run here; under --executor the profile's cluster settings place "
+                             "them (cluster.gpus_per_node)")
+        slots = gpu_slots(args.gpus, profile) if args.gpus is not None else None  # '' is refused, not ignored
         executor = profile_executor(args.executor, profile, root) if args.executor else None
     except ValueError as exc:  # ProfileError included
         print(f"error: {exc}", file=sys.stderr)
@@ -207,5 +210,6 @@ def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: s
         if timed.stages:  # a run stopped before any stage (an unreachable world) leaves no trace
             where = type(executor).__name__ if executor else "here"
             timed.append_to(profile.outputs_dir(root) / RUN_LOG, profile=profile.name, executor=where,
-                            jobs=len(slots) if slots else jobs, cells=cells.counts if cells else None)
+                            jobs=None if executor else len(slots) if slots else jobs,
+                            cells=cells.counts if cells else None)
     return 0 if ok else 1
