@@ -22,7 +22,8 @@
 # %% tags=["parameters"]
 profile = "mini_klfree"  # the study without the penalty (beta = 0)
 outputs_dir = "outputs/mini_klfree"
-compare_with = "mini"  # the study with it, under outputs/
+compare_with = "mini"  # the study with it
+compare_with_dir = "outputs/mini"  # its outputs (relative paths are taken from the repository root)
 equivalence_margin = 0.05
 confidence = 0.95
 
@@ -34,7 +35,7 @@ from reward_density.experiment.profiles import REPO_ROOT
 
 report_dir = REPO_ROOT / outputs_dir
 without_kl = load.load_cells(report_dir)
-with_kl = load.load_cells(REPO_ROOT / "outputs" / compare_with)
+with_kl = load.load_cells(REPO_ROOT / compare_with_dir)
 
 # %% [markdown]
 # ## Accuracy with and without the penalty

@@ -752,6 +752,17 @@ def test_a_replication_is_analysed_as_a_study_then_set_beside_the_study_it_repli
     assert compared["outputs_dir"] == str(tmp_path / "outputs" / "mini_world1")
 
 
+def test_the_kl_comparison_reads_the_study_with_kl_under_the_runs_root(tmp_path, monkeypatch):
+    stages_run = []
+    monkeypatch.setattr(stages, "run_stage",
+                        lambda path, output, parameters, root: stages_run.append((path.name, parameters)))
+    stages.stage_analysis(load_profile(REPO_ROOT / "params" / "mini_klfree.yaml"), tmp_path)
+    (study, _), (comparison, compared) = stages_run
+    assert (study, comparison) == ("analysis.py", "kl_comparison.py")
+    assert (compared["compare_with"], compared["compare_with_dir"]) == ("mini", str(tmp_path / "outputs" / "mini")), \
+        "under --root the comparison read the checkout's outputs/mini"
+
+
 def test_papers_runs_every_comparison_after_the_studies_it_reads():
     """`./run_all.sh papers`: the profile that writes a comparison (compare_with, or the last of its methods)
     comes after every study the comparison reads, and every such profile is in the list."""

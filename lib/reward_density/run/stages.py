@@ -235,7 +235,8 @@ def stage_analysis(profile: Profile, root: Path) -> None:
     if profile.analysis["compare_with"]:  # a study that differs from another only in beta
         output = outputs / "kl_comparison.ipynb"
         run_stage(root / "notebooks" / "kl_comparison.py", output,
-                  {**analysis_parameters(profile, root), "compare_with": profile.analysis["compare_with"]}, root)
+                  {**analysis_parameters(profile, root), "compare_with": profile.analysis["compare_with"],
+                   "compare_with_dir": str(root / "outputs" / profile.analysis["compare_with"])}, root)
         print(f"comparison: {output}\nreport: {outputs / 'kl_comparison.md'}", file=sys.stderr)
     methods = profile.analysis["methods"] or {}
     if list(methods.values())[-1:] == [profile.name]:  # the last of the methods compared writes the comparison
