@@ -460,6 +460,7 @@ def test_world_entries_resolve_local_paths_against_the_root_and_pass_hub_ids_thr
         ({"cell__lora_dropout": 0.1}, "cell outcome-r1-s0: engine stacked", "change lora_dropout"),
         ({"cell__gradient_checkpointing": True}, "engine stacked", "change gradient_checkpointing"),
         ({"cell__replay_successes": 2}, "engine stacked", "cannot replay"),
+        ({"cell__device": "cuda"}, "cell outcome-r1-s0: engine stacked runs on the CPU only", "set engine: peft"),
         ({"cell__token_alpha": 2}, "cell outcome-r1-s0: S-GRPO's token rule", "['token_k', 'token_p'] unset"),
         ({"cell__dev_problems": 4, "cell__eval_split": "dev"}, "cell outcome-r1-s0: dev_problems", "on dev already"),
         ({"cell__curve_problems": 50}, "cell outcome-r1-s0: curve_problems = 50", "exceeds eval_problems = 8"),

@@ -256,6 +256,9 @@ class CellConfig:
             raise ValueError(f"engine stacked trains its arms in fp32, without LoRA dropout or gradient checkpointing, "
                              f"and cannot replay (T-SPMO's replay restarts each arm from its own completions, where "
                              f"stacked arms share their prompts): set engine: peft, or change {', '.join(found)}")
+        if self.device != "cpu":
+            raise ValueError(f"engine stacked runs on the CPU only (its packed scoring pass has not been run on "
+                             f"{self.device!r}): set engine: peft, or device: cpu")
 
     @classmethod
     def settings(cls, *sections: str) -> list[Field]:
