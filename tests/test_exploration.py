@@ -99,6 +99,8 @@ def test_a_text_rollout_ends_each_completion_with_eos_unless_it_was_cut(tiny_tok
         rollout_from_text(tiny_tokenizer, problems, ["3"])
     with pytest.raises(ValueError, match=r"rows \[1\]: an empty completion cannot be truncated"):
         rollout_from_text(tiny_tokenizer, problems, ["3", ""], truncated=[False, True])  # no token to pack
+    with pytest.raises(ValueError, match=r"groups starting at rows \[0\] hold different prompts"):
+        rollout_from_text(tiny_tokenizer, problems, ["3", "4"], group_size=2)  # scored after one shared prompt
 
 
 def test_each_deposit_sits_on_its_token_and_each_token_in_its_step(tiny_tokenizer):

@@ -94,6 +94,16 @@ def test_a_tokenizer_without_eos_is_refused(model, tiny_tokenizer):
         sample_rollout(model, tokenizer, PROBLEMS, 1, SamplingConfig(max_new_tokens=2), seed=0)
 
 
+def test_a_tokenizer_without_a_pad_token_pads_with_eos_and_samples_as_one_with_it(model, tiny_tokenizer):
+    bare, eos_padded = (type(tiny_tokenizer).from_pretrained(tiny_tokenizer.name_or_path) for _ in range(2))
+    bare.pad_token, eos_padded.pad_token = None, eos_padded.eos_token  # the latter as data/sources.py loads one
+    config = SamplingConfig(max_new_tokens=4, temperature=1.0)
+    padded = sample_rollout(model, eos_padded, PROBLEMS, 2, config, seed=3)
+    unpadded = sample_rollout(model, bare, PROBLEMS, 2, config, seed=3)
+    for name in ("prompt_ids", "prompt_mask", "completion_ids"):
+        assert torch.equal(getattr(padded, name), getattr(unpadded, name)), f"{name} differs without a pad token"
+
+
 @pytest.mark.parametrize("kwargs,message", [
     ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer"),
     ({"max_new_tokens": 4, "temperature": -1.0}, "temperature must be >= 0"),

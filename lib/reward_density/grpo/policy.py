@@ -94,7 +94,7 @@ class Policy:
         """The model to sample from; an fp32 LoRA adapter is merged into the base weights meanwhile.
 
         Merged, each linear layer is one matmul per token instead of three in the transformers
-        forward; the Qwen3 sampling decoder (qwen3_decode.py) reads the merged weights as they are. Unmerging
+        forward; the Qwen3 sampling decoder (qwen3.py) reads the merged weights as they are. Unmerging
         subtracts B @ A again, which leaves round-off in the frozen base, so the base weights are
         restored exactly from a copy. A bf16 base is not merged: rounding would swallow small updates.
         """

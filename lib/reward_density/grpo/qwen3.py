@@ -8,7 +8,7 @@ arm with its own weights: a linear layer of arm a applies W[a] (LoRA: W + scale 
 merging would give). A plain model is the case of one arm.
 
 The arithmetic is `Qwen3ForCausalLM`'s (its RMSNorm in float32, its rotary helper, grouped-query SDPA);
-`tests/test_qwen3_decode.py` pins the logits to the transformers forward.
+`tests/test_qwen3.py` pins the logits to the transformers forward.
 """
 from __future__ import annotations
 

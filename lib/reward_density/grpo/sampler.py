@@ -44,6 +44,21 @@ def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, int]:
     return tokenizer.eos_token_id, pad
 
 
+def left_padded(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str],
+                pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The texts' token ids left-padded with pad, and their attention mask: [rows, longest] each (padded here, so a
+    tokenizer without a pad token of its own pads with the id special_token_ids gives)."""
+    encoded = tokenizer(list(texts))["input_ids"]
+    width = max(map(len, encoded))
+    ids = torch.full((len(encoded), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(encoded), width, dtype=torch.long)
+    for row, tokens in enumerate(encoded):
+        if tokens:
+            ids[row, -len(tokens):] = torch.tensor(tokens, dtype=torch.long)
+            mask[row, -len(tokens):] = 1
+    return ids, mask
+
+
 @torch.no_grad()
 def sample_rollout(
     model: torch.nn.Module | Qwen3Weights,
@@ -62,9 +77,9 @@ def sample_rollout(
     eos, pad = special_token_ids(tokenizer)
     arms = model.arms if isinstance(model, Qwen3Weights) else 1
     device = model.embed.device if isinstance(model, Qwen3Weights) else next(model.parameters()).device
-    encoded = tokenizer([p.prompt for p in problems], padding=True, padding_side="left", return_tensors="pt")
-    prompt_ids = encoded["input_ids"].repeat_interleave(group_size, dim=0).repeat(arms, 1)
-    prompt_mask = encoded["attention_mask"].repeat_interleave(group_size, dim=0).repeat(arms, 1)
+    ids, mask = left_padded(tokenizer, [p.prompt for p in problems], pad)
+    prompt_ids = ids.repeat_interleave(group_size, dim=0).repeat(arms, 1)
+    prompt_mask = mask.repeat_interleave(group_size, dim=0).repeat(arms, 1)
     generator = torch.Generator(device=device).manual_seed(seed)
 
     completion_ids, sampler_logps, finished = _decode(

@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..data.problems import Problem
 from .rollout import Rollout
-from .sampler import special_token_ids
+from .sampler import left_padded, special_token_ids
 
 
 def rollout_from_text(
@@ -26,8 +26,13 @@ def rollout_from_text(
     empty = [row for row, (text, cut) in enumerate(zip(completions, truncated, strict=True)) if cut and not text]
     if empty:
         raise ValueError(f"rows {empty}: an empty completion cannot be truncated (it would hold no token at all)")
+    mixed = [g for g in range(0, len(problems), group_size)
+             if len({p.prompt for p in problems[g : g + group_size]}) > 1]
+    if mixed:
+        raise ValueError(f"the groups starting at rows {mixed} hold different prompts: a group's rows answer one "
+                         "problem (its completions share that prompt when scored)")
     eos, pad = special_token_ids(tokenizer)
-    prompts = tokenizer([p.prompt for p in problems], padding=True, padding_side="left", return_tensors="pt")
+    prompt_ids, prompt_mask = left_padded(tokenizer, [p.prompt for p in problems], pad)
     encoded = tokenizer(list(completions), add_special_tokens=False)["input_ids"]
     targets = [ids if cut else ids + [eos] for ids, cut in zip(encoded, truncated, strict=True)]
     width = max(1, *map(len, targets))
@@ -37,7 +42,7 @@ def rollout_from_text(
         completion_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         completion_mask[row, : len(ids)] = True
     return Rollout(
-        prompt_ids=prompts["input_ids"], prompt_mask=prompts["attention_mask"],
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask,
         completion_ids=completion_ids, completion_mask=completion_mask,
         sampler_logps=torch.zeros(len(problems), width), truncated=torch.tensor(truncated, dtype=torch.bool),
         group_size=group_size, prompts=[p.prompt for p in problems], completions=list(completions),
