@@ -752,6 +752,19 @@ def test_a_replication_is_analysed_as_a_study_then_set_beside_the_study_it_repli
     assert compared["outputs_dir"] == str(tmp_path / "outputs" / "mini_world1")
 
 
+@pytest.mark.parametrize("key, value", [("compare_with", "mini_typo"), ("replicates", "mini_typo"),
+                                        ("methods", {"GRPO": "mini_typo", "T-SPMO": "tiny"})])
+def test_a_study_to_compare_with_that_has_no_outputs_stops_the_run_before_training(root, capsys, key, value):
+    path = root / "params" / "tiny.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["analysis"][key] = value
+    path.write_text(yaml.safe_dump(data))
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells,analysis"]) == 2
+    error = capsys.readouterr().err
+    assert "'mini_typo'" in error and "run that study first" in error, error
+    assert not (root / "outputs" / "tiny" / "cells").exists(), "cells trained for an analysis that cannot run"
+
+
 def test_the_kl_comparison_reads_the_study_with_kl_under_the_runs_root(tmp_path, monkeypatch):
     stages_run = []
     monkeypatch.setattr(stages, "run_stage",

@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         check_finished_cells(profile, root, cells_to_check(profile, args.stages, args.cells), world=False)
         if "analysis" in args.stages:
             check_no_unplanned_cells(profile, root)
+            check_compared_studies(profile, root)
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
         if args.gpus is not None and args.executor:
@@ -124,6 +125,19 @@ def check_notebook_sections(profile: Profile, root: Path, stages: list[str]) -> 
         if unknown:
             raise ProfileError(f"{profile.path}: {section}.{unknown[0]}: unknown key; the parameters of "
                                f"notebooks/{notebook}: {', '.join(allowed)}")
+
+
+def check_compared_studies(profile: Profile, root: Path) -> None:
+    """The studies the analysis sets this one beside (analysis.compare_with, replicates, methods) have outputs to
+    read, checked before any cell trains: a misspelled name failed only at the analysis, after the training."""
+    analysis = profile.analysis
+    named = {f"analysis.{key}": analysis[key] for key in ("compare_with", "replicates") if analysis[key]}
+    named |= {f"analysis.methods.{label}": name for label, name in (analysis["methods"] or {}).items()}
+    for key, name in named.items():
+        outputs = root / "outputs" / name
+        if name != profile.name and not outputs.is_dir():
+            raise ProfileError(f"{profile.path}: {key} = {name!r}, but {outputs} does not exist: run that study "
+                               "first, or correct the name")
 
 
 def check_answer_format(profile: Profile) -> None:
