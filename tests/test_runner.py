@@ -385,7 +385,9 @@ def test_gpu_list_is_split_into_one_slot_per_cell(capsys):
     assert gpu_slots("0,1,2", smoke) == ["0", "1", "2"]
     assert "puts its cells on the CPU" in capsys.readouterr().err, "a CPU profile given GPUs says it will not use them"
     assert gpu_slots("0,1,2,3,4", paper) == ["0,1", "2,3"], "paper cells put the teacher and PRM on cuda:1"
-    assert "CPU" not in capsys.readouterr().err, "a GPU profile's cells use the GPUs given"
+    error = capsys.readouterr().err
+    assert "CPU" not in error, "a GPU profile's cells use the GPUs given"
+    assert "GPU(s) 4 stay unused" in error, "a GPU left over says so"
     for bad, message in (("0,0", "distinct GPU indices"), ("a,b", "distinct GPU indices"), ("3", "on 2 GPUs")):
         with pytest.raises(ValueError, match=message):
             gpu_slots(bad, paper)

@@ -82,6 +82,9 @@ def gpu_slots(gpus: str, profile: Profile) -> list[str]:
     size = gpus_per_cell(profile)
     if len(ids) < size:
         raise ValueError(f"--gpus {gpus!r}: profile {profile.name} places a cell on {size} GPUs (its cell devices)")
+    if len(ids) % size:
+        print(f"note: --gpus {gpus}: a cell takes {size} GPUs, so GPU(s) {','.join(ids[len(ids) - len(ids) % size:])} "
+              "stay unused", file=sys.stderr)
     return [",".join(ids[i : i + size]) for i in range(0, len(ids) - size + 1, size)]
 
 
