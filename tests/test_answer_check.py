@@ -61,6 +61,17 @@ def test_bare_numeric_gold_verifies_once_wrapped(checker):
     assert verdicts == [Verdict.CORRECT, Verdict.WRONG], f"bare gold 18 was not checked right: {verdicts}"
 
 
+@pytest.mark.parametrize("text, verdict", [
+    ("\\boxed{12} wait no \\boxed{13}", Verdict.WRONG),  # boxes close together: one set of answers {12, 13}
+    ("\\boxed{12}\nfoo\n\\boxed{13}", Verdict.WRONG),
+    ("The answer is \\boxed{12}.\nLet me check: 5+7=12.\nSo the answer is \\boxed{13}.", Verdict.CORRECT),
+    ("\\boxed{12}\n\nfoo bar baz\n\n\\boxed{13}", Verdict.CORRECT),  # a sentence or a blank line apart: the last
+])
+def test_boxes_close_together_are_one_set_of_answers_and_boxes_apart_the_last_one(checker, text, verdict):
+    # What the README says of math-verify's reading of several boxes; a math-verify upgrade that changes it fails here.
+    assert checker.check(["13"], [text]) == [verdict]
+
+
 def test_unparsable_completions_are_unparsable_not_wrong(checker):
     completions = ["I don't know", "", r"\boxed{}", r"\boxed{17}"]
     verdicts = checker.check(["18"] * 4, completions)
