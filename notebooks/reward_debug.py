@@ -24,6 +24,7 @@
 from typing import Optional
 
 profile: str = "smoke"  # a profile name (params/<name>.yaml) or a profile file: its world's models and problems
+                        # (unused with a cell, which is scored in the world it trained in)
 root: Optional[str] = None  # the project root that the profile's world paths are relative to; None: this repository
 regime: str = "process"  # whose advantages and colours to show: outcome | process | distillation
 problems: int = 2  # sample for the first this many held-out problems
@@ -41,9 +42,11 @@ import pandas as pd
 from IPython.display import HTML, display
 
 from reward_density.analysis.reward_debug import (
+    cell_reward_configs,
     coloured_tokens,
     completion_table,
     logged_completions,
+    reward_configs,
     scored_by,
     token_table,
     trace_rewards,
@@ -51,17 +54,21 @@ from reward_density.analysis.reward_debug import (
 from reward_density.data.answer_check import make_checker
 from reward_density.data.sources import load_causal_lm, load_tokenizer
 from reward_density.experiment.cell import load_problem_splits, load_reward
-from reward_density.experiment.profiles import REPO_ROOT, cell_config, find_profile, load_profile
+from reward_density.experiment.profiles import REPO_ROOT, find_profile, load_profile
 from reward_density.grpo.sampler import SamplingConfig, sample_rollout
 from reward_density.grpo.text_rollout import rollout_from_text
-from reward_density.rewards import REGIMES, check_regime
+from reward_density.rewards import check_regime
 
 check_regime(regime)
 project = Path(root) if root else REPO_ROOT
-world = load_profile(find_profile(profile, project))
-configs = {name: cell_config(world, name, 1, seed, root=project) for name in REGIMES}
+if cell:  # the world and settings the cell trained with, whatever the profile
+    configs = cell_reward_configs(project / cell)
+    print(f"the world cell {Path(cell).name} trained in: student {configs[regime].student}")
+else:
+    world = load_profile(find_profile(profile, project))
+    configs = reward_configs(world, seed, project)
+    print(f"world of profile {world.name}: student {configs[regime].student}")
 config = configs[regime]
-print(f"world of profile {world.name}: student {config.student}")
 
 # %% [markdown]
 # ## The completions
@@ -79,7 +86,7 @@ tokenizer = load_tokenizer(config.student)
 student = load_causal_lm(config.student, what="student")
 rewards = {name: load_reward(c, checker, tokenizer) for name, c in configs.items()}
 if cell:
-    logged_step, chosen, texts, truncated = logged_completions(project / cell, step)
+    logged_step, chosen, texts, truncated = logged_completions(project / cell, checker, step)
     rollout = scored_by(rollout_from_text(tokenizer, chosen, texts, truncated=truncated), student, config.temperature)
     print(f"{len(texts)} greedy completions logged by {Path(cell).name} at step {logged_step}")
 else:

@@ -2,6 +2,8 @@
 run on the smoke world and show what they promise."""
 from __future__ import annotations
 
+import shutil
+
 import nbformat
 import pandas as pd
 import pytest
@@ -10,8 +12,16 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from reward_density.analysis.explore import check_counts, completions_over_training, problem_changes
 from reward_density.analysis.load import load_cell
-from reward_density.analysis.reward_debug import completion_table, token_table, trace_rewards, verdict_reason
-from reward_density.data.answer_check import Verdict
+from reward_density.analysis.reward_debug import (
+    cell_reward_configs,
+    completion_table,
+    logged_completions,
+    reward_configs,
+    token_table,
+    trace_rewards,
+    verdict_reason,
+)
+from reward_density.data.answer_check import LastIntegerChecker, Verdict
 from reward_density.data.problems import Problem
 from reward_density.experiment import cell_folder
 from reward_density.experiment.cell import CellWriter
@@ -193,6 +203,32 @@ def test_the_reward_debug_notebook_scores_the_completions_a_cell_logged(process_
     text = outputs_text(out)
     assert "greedy completions logged by process-rfull-s0 at step 2" in text
     assert "process reward" in text and "mean advantage" not in text, "logged completions have no group"
+
+
+def test_every_reward_is_built_for_a_profile_whose_matrix_lacks_some_regimes():
+    profile = load_profile(REPO_ROOT / "params" / "mini_process_powered.yaml")
+    assert tuple(profile.matrix.regimes) == ("process",), "the profile should train one regime only"
+    configs = reward_configs(profile, 0, REPO_ROOT)
+    assert {name: c.regime for name, c in configs.items()} == {r: r for r in ("outcome", "process", "distillation")}
+
+
+def test_a_cells_logged_completions_are_scored_in_its_own_world_with_the_golds_it_was_evaluated_on(process_cells,
+                                                                                                    tmp_path):
+    folder = process_cells / "process-rfull-s0"
+    recorded = load_cell(folder).params
+    configs = cell_reward_configs(folder)
+    assert {c.student for c in configs.values()} == {recorded["student"]}, "not the student the cell trained"
+    assert configs["distillation"].teacher == recorded["teacher"] and configs["process"].prm == recorded["prm"]
+    checker = LastIntegerChecker()  # the smoke world's golds are integers; the golds are read, not checked here
+    step, problems, texts, _ = logged_completions(folder, checker)
+    assert problems and all(p.answer for p in problems), "a logged problem lost its gold answer"
+    moved = tmp_path / folder.name
+    shutil.copytree(folder, moved)
+    completions = moved / cell_folder.COMPLETIONS
+    completions.write_text(completions.read_text().replace(f'"problem_id": "{problems[0].problem_id}"',
+                                                            '"problem_id": "no-such-problem"'))
+    with pytest.raises(ValueError, match=r"\['no-such-problem'\] are not in the held-out set"):
+        logged_completions(moved, checker)
 
 
 def test_the_explore_notebook_opens_a_finished_cell(process_cells, tmp_path):

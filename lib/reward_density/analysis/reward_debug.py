@@ -15,13 +15,16 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from ..data.answer_check import Checker, Verdict, last_boxed, last_number
-from ..data.problems import Problem, read_problems
+from ..data.problems import Problem
 from ..data.steps import split_steps, step_end_tokens
+from ..experiment.cell import load_problem_splits
 from ..experiment.config import CellConfig
+from ..experiment.profiles import Profile, cell_config
 from ..grpo.advantages import compute_advantages
 from ..grpo.deposits import Deposits, RewardModule
 from ..grpo.logprobs import completion_logprobs
 from ..grpo.rollout import Rollout
+from ..rewards import REGIMES
 from .load import load_cell
 
 
@@ -134,9 +137,27 @@ def coloured_tokens(table: pd.DataFrame, regime: str) -> str:
     return '<div style="line-height:2em">' + "".join(spans) + "</div>"
 
 
-def logged_completions(folder: Path, step: int | None = None) -> tuple[int, list[Problem], list[str], list[bool]]:
+REWARD_PLACEHOLDER_RATE = 1.0  # a cell config needs a learning rate; no reward reads it
+
+
+def reward_configs(profile: Profile, seed: int, root: Path) -> dict[str, CellConfig]:
+    """A profile's settings and world under each reward regime (as a rank-1 cell of it, whatever its matrix)."""
+    return {name: cell_config(profile, name, 1, seed, learning_rate=REWARD_PLACEHOLDER_RATE, root=root)
+            for name in REGIMES}
+
+
+def cell_reward_configs(folder: Path) -> dict[str, CellConfig]:
+    """A finished cell's own settings and world (its params.json) under each reward regime: what its logged
+    completions are scored with."""
+    recorded = CellConfig.from_parameters(load_cell(folder).params)
+    return {name: replace(recorded, regime=name) for name in REGIMES}
+
+
+def logged_completions(folder: Path, checker: Checker,
+                       step: int | None = None) -> tuple[int, list[Problem], list[str], list[bool]]:
     """The greedy completions a cell logged at one evaluation (None: its last), as (step, problems with their gold
-    answers, texts, truncated); raises naming the folder when it logged none there."""
+    answers from the held-out set the cell was evaluated on, texts, truncated); raises naming the folder when it
+    logged none there, or when a logged problem is not in that set."""
     cell = load_cell(folder)
     logged = cell.completions
     if logged.empty:
@@ -147,8 +168,11 @@ def logged_completions(folder: Path, step: int | None = None) -> tuple[int, list
     if step not in steps:
         raise ValueError(f"{folder}: no completions logged at step {step}; logged at steps {steps}")
     chosen = logged[logged["step"] == step]
-    heldout = CellConfig.from_parameters(cell.params).heldout_file
-    answers = {p.problem_id: p.answer for p in read_problems(heldout)} if heldout.is_file() else {}
-    problems = [Problem(pid, prompt or "", answers.get(pid, ""))
-                for pid, prompt in zip(chosen["problem_id"], chosen["prompt"])]
+    config = CellConfig.from_parameters(cell.params)
+    answers = {p.problem_id: p.answer for p in load_problem_splits(config, checker)[1]}
+    missing = [pid for pid in chosen["problem_id"] if pid not in answers]
+    if missing:
+        raise ValueError(f"{folder}: logged problems {missing[:5]} are not in the held-out set the cell names "
+                         f"({config.heldout or config.problems}), so their gold answers are unknown")
+    problems = [Problem(pid, prompt or "", answers[pid]) for pid, prompt in zip(chosen["problem_id"], chosen["prompt"])]
     return step, problems, chosen["completion"].tolist(), chosen["truncated"].astype(bool).tolist()
