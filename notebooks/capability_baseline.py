@@ -28,7 +28,8 @@ ks = [1, 4, 8]
 temperature = 0.7
 top_p = 0.95
 max_new_tokens = 64
-batch_size = 8  # problems per sampling batch (each with max(ks) samples)
+batch_size = 64  # problems per sampling batch (each with max(ks) samples; each batch draws from seed + its start,
+                 # so the batch size is part of the result: the runner's, run/stages.py BASELINE_BATCH)
 device = "cpu"  # student
 teacher_device = "cpu"
 precision = "fp32"  # fp32 | bf16

@@ -23,7 +23,7 @@ def goldens() -> list[tuple[str, str, dict]]:
     runs = [("01_build_world.ipynb", "build_world.py", {"size": "smoke", "out_dir": WORLD}),
             ("02_capability_baseline.ipynb", "capability_baseline.py",
              {**{k: f"{WORLD}/{k}" for k in ("student", "teacher", "problems")}, "out_dir": "outputs/golden/baseline",
-              "ks": [1, 2, 4], "max_new_tokens": 16, "profile": "smoke"})]
+              "ks": [1, 2, 4], "max_new_tokens": 16, "batch_size": 8, "profile": "smoke"})]
     # A training cell is picked by profile and arm; the smoke profile gives the rest (and the world's paths).
     runs += [(f"{3 + i:02d}_train_{regime}_{_label(rank)}.ipynb", "train_cell.py",
               {"profile": "smoke", "regime": regime, "rank": rank, "seed": 0, "cells_dir": "outputs/golden/cells"})
