@@ -11,7 +11,13 @@ from scipy import stats
 
 from reward_density.analysis.dynamics import collapse_table, is_plateau, last_quarter_share, mean_curve, plateau_table
 from reward_density.analysis.load import DamagedCell, arms, load_cells, regimes
-from reward_density.analysis.plots import FIGURES, VERDICT_COLORS, plot_equivalence, plot_pass1_vs_rank
+from reward_density.analysis.plots import (
+    FIGURES,
+    VERDICT_COLORS,
+    plot_equivalence,
+    plot_pass1_vs_rank,
+    plot_peak_advantage_std,
+)
 from reward_density.analysis.report import completion_tokens, matrix_counts, seeds_phrase, write_report
 from reward_density.analysis.stopping import answers_at_chosen_steps, chosen_steps, chosen_table
 from reward_density.analysis.tables import (
@@ -542,6 +548,15 @@ def test_the_collapse_table_leaves_out_a_cell_without_advantage_std_and_shows_no
     rows = {line.split(" | ")[0].strip("| "): line for line in table.markdown.splitlines()}
     assert rows["outcome"].split(" | ")[4] == "–", f"no base, yet a collapse verdict: {rows['outcome']}"
     assert rows["process"].split(" | ")[1:5] == ["1", "–", "0.650 (step 2)", "4"], rows["process"]
+
+
+def test_the_peak_advantage_figure_leaves_out_a_regime_whose_steps_have_no_advantages(outputs, tmp_path):
+    cells = load_cells(outputs)
+    history = cells.history.copy()
+    history.loc[history["regime"] == "process", "advantage_std"] = np.nan  # as the SFT control's steps record none
+    figure = plot_peak_advantage_std(dataclasses.replace(cells, history=history), tmp_path / "peak.png")
+    ticks = [label.get_text() for label in figure.axes[0].get_xticklabels()]
+    assert ticks == ["outcome"], f"a regime without advantages got a bar (its summary's 0): {ticks}"
 
 
 def test_the_last_quarter_is_read_between_the_first_and_last_evaluation_never_at_the_last():

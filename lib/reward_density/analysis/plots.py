@@ -102,20 +102,27 @@ def _hline(ax, row: pd.DataFrame, color: str, style: str, label: str, band: bool
 
 
 def plot_peak_advantage_std(cells: Cells, path: str | Path) -> Figure:
-    """Bar per regime: mean over cells of the peak advantage std, each cell as a dot."""
+    """Bar per regime with advantages (not the SFT control): mean over cells of the peak advantage std, each cell
+    as a dot."""
     fig, axes = _panels(1)
     ax = axes[0]
-    for i, regime in enumerate(regimes(cells)):
+    shown = [regime for regime in regimes(cells) if _has_advantages(cells, regime)]
+    for i, regime in enumerate(shown):
         values = cells.summaries.loc[cells.summaries["regime"] == regime, "peak_advantage_std"].dropna()
-        if values.empty:
-            continue
         ax.bar(i, values.mean(), color="lightsteelblue", edgecolor="steelblue")
         ax.annotate(f"{values.mean():.2f}", (i, values.mean()), ha="center", va="bottom", xytext=(0, 2),
                     textcoords="offset points")
         ax.plot(np.full(len(values), i), values, "k.", alpha=0.6)
-    ax.set_xticks(range(len(regimes(cells))), regimes(cells))
+    ax.set_xticks(range(len(shown)), shown)
     ax.set(ylabel="peak advantage std (per cell)", title="Peak advantage std by regime")
     return _save(fig, path)
+
+
+def _has_advantages(cells: Cells, regime: str) -> bool:
+    """Whether the regime's steps recorded an advantage std (the SFT control's have none; its summary's 0 is no
+    measurement)."""
+    history = cells.history
+    return "advantage_std" in history and history.loc[history["regime"] == regime, "advantage_std"].notna().any()
 
 
 def _mean_over_seeds(frame: pd.DataFrame, column: str) -> pd.DataFrame:
