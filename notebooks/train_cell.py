@@ -88,6 +88,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
+from reward_density.analysis.explore import SPLIT_NAMES
 from reward_density.analysis.tables import rounded
 from reward_density.data.answer_check import make_checker
 from reward_density.experiment import cell
@@ -159,7 +160,7 @@ for writer in writers:
     evals, history = pd.DataFrame(writer.evals), pd.DataFrame(writer.history)
     axes[0].plot(evals["step"], evals["pass1"], marker="o", label=writer.config.name)
     axes[1].plot(history["step"], history["reward_mean" if "reward_mean" in history else "loss"], label=writer.config.name)
-axes[0].set(title="held-out greedy pass@1", xlabel="step")
+axes[0].set(title=f"{SPLIT_NAMES[writers[0].config.eval_split]} greedy pass@1", xlabel="step")
 axes[1].set(title="mean trajectory reward (SFT: loss)", xlabel="step")
 axes[0].legend(fontsize=7);
 

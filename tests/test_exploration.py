@@ -10,8 +10,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from reward_density.analysis.explore import check_counts, completions_over_training, problem_changes
-from reward_density.analysis.load import load_cell
+from reward_density.analysis.explore import cell_curves, check_counts, completions_over_training, problem_changes
+from reward_density.analysis.load import OneCell, load_cell
 from reward_density.analysis.reward_debug import (
     cell_reward_configs,
     completion_table,
@@ -172,6 +172,16 @@ def test_a_cell_still_training_compares_only_the_problems_its_last_evaluation_sc
 def test_a_count_that_is_not_a_whole_number_is_named(value):
     with pytest.raises(ValueError, match=f"top must be a whole number >= 0, got {value!r}"):
         check_counts(top=value, problems=4)
+
+
+@pytest.mark.parametrize("params, title", [({"eval_split": "dev"}, "dev greedy pass@1"),
+                                           ({"eval_split": "heldout"}, "held-out greedy pass@1"),
+                                           ({}, "held-out greedy pass@1")])  # a cell from before the setting
+def test_a_cells_curve_names_the_split_it_was_evaluated_on(params, title):
+    evals = pd.DataFrame({"step": [0, 2], "pass1": [0.2, 0.4]})
+    cell = OneCell("outcome-r1-lr0.001-s100", params, None, pd.DataFrame({"step": [1, 2]}), evals,
+                   pd.DataFrame(), pd.DataFrame())
+    assert cell_curves(cell).axes[0].get_title() == title
 
 
 def test_completions_are_followed_per_problem_over_the_evaluations():

@@ -18,14 +18,19 @@ def check_counts(**counts: int) -> None:
             raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
 
 
+SPLIT_NAMES = {"heldout": "held-out", "dev": "dev"}  # a cell's eval_split, as a figure names it
+
+
 def cell_curves(cell: OneCell) -> Figure:
-    """Held-out greedy pass@1 over the evaluations, then each per-step metric the cell recorded."""
+    """Greedy pass@1 over the evaluations (on the split the cell was evaluated on), then each per-step metric the
+    cell recorded."""
     curves = [c for c in CURVES if c in cell.history]
     fig, axes = plt.subplots(1, 1 + len(curves), figsize=(3.2 * (1 + len(curves)), 2.8), squeeze=False)
     axes = axes[0]
     if not cell.evals.empty:
         axes[0].plot(cell.evals["step"], cell.evals["pass1"], marker="o")
-    axes[0].set(title="held-out greedy pass@1", xlabel="step")
+    split = cell.params.get("eval_split", "heldout")
+    axes[0].set(title=f"{SPLIT_NAMES.get(split, split)} greedy pass@1", xlabel="step")
     for ax, column in zip(axes[1:], curves):
         ax.plot(cell.history["step"], cell.history[column], lw=1)
         ax.set(title=column, xlabel="step")
