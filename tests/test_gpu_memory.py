@@ -3,7 +3,7 @@ import pytest
 from peft import LoraConfig, get_peft_model
 
 from reward_density.experiment.profiles import REPO_ROOT, load_profile
-from reward_density.tools.gpu_memory import DecoderShape, memory_table, student_memory
+from reward_density.tools.gpu_memory import QWEN3_1_7B, DecoderShape, memory_table, student_memory
 from reward_density.tools.stand_ins import build_tokenizer
 from reward_density.world.architectures import ModelSpec, new_mistral, new_qwen3
 
@@ -64,3 +64,15 @@ def test_an_fp32_cell_holds_its_caches_and_activations_at_four_bytes_a_value():
     mixed, full = student_memory(cell, 1), student_memory(cell | {"precision": "fp32"}, 1)
     for part in ("KV cache while sampling", "KV cache while evaluating", "activations (one micro-batch)"):
         assert full[part] == pytest.approx(2 * mixed[part]), f"{part}: counted at 2 bytes a value in fp32"
+
+
+def test_an_fp32_lora_cell_holds_a_copy_of_the_base_while_sampling_and_its_fp32_logits_are_not_copied():
+    cell = load_profile(REPO_ROOT / "params" / "paper.yaml").cell | {"precision": "fp32"}
+    lora, full = student_memory(cell, 1), student_memory(cell, None)
+    shape = QWEN3_1_7B  # the paper's student, student_memory's default
+    assert lora["weights as the sampler reads them"] == pytest.approx(shape.linear_weights() * 4 / 2**30), \
+        "Policy.sampling keeps an fp32 copy of the base's linear layers to restore them after merging the adapter"
+    assert full["weights as the sampler reads them"] == 0, "FullFT samples from its fp32 parameters themselves"
+    rows, completion = cell["micro_batch_size"], cell["max_new_tokens"]
+    assert lora["logits (one micro-batch)"] == pytest.approx(rows * completion * shape.vocab * 3 * 4 / 2**30), \
+        "fp32 logits, their tempered copy and the softmax: .float() makes no copy of fp32 logits"

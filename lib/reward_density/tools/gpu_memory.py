@@ -86,8 +86,10 @@ def _activations(shape: DecoderShape, rows: int, tokens: int, checkpointing: boo
 
 def _logits(shape: DecoderShape, rows: int, completion: int, value_bytes: int = BF16) -> int:
     """The LM head's output over the completion and what the log-prob needs of it (logits_to_keep)."""
-    # The logits (value_bytes each), their fp32 copy, the tempered copy, and the softmax kept for the backward.
-    return rows * completion * shape.vocab * (value_bytes + 3 * FP32)
+    # The logits (value_bytes each), their fp32 copy (none when they are fp32 already: .float() returns them), the
+    # tempered copy, and the softmax kept for the backward.
+    fp32_copies = 2 if value_bytes == FP32 else 3
+    return rows * completion * shape.vocab * (value_bytes + fp32_copies * FP32)
 
 
 def student_memory(cell: dict[str, Any], rank: int | None, shape: DecoderShape = QWEN3_1_7B) -> dict[str, float]:
@@ -112,10 +114,14 @@ def student_memory(cell: dict[str, Any], rank: int | None, shape: DecoderShape =
         # Autocast's bf16 copy of the fp32 master weights, kept for the backward (measured on an H200: README).
         "bf16 copy of the weights (FullFT)": _bf16_copy(shape, with_head=True) if rank is None and mixed else 0,
     }
-    # The sampling decoder's weights (grpo/qwen3.py): each linear layer with its adapter folded in, and FullFT's
-    # LM head, cast once from the fp32 master; in fp32 it reads the parameters themselves.
+    # The sampling decoder's weights (grpo/qwen3.py): in bf16 each linear layer with its adapter folded in, and
+    # FullFT's LM head, cast once from the fp32 master; in fp32 FullFT reads its parameters themselves, while LoRA
+    # merges its adapters into the base in place and keeps an fp32 copy of the base's linear layers to restore
+    # them exactly (grpo/policy.py, Policy.sampling).
+    sampler_weights = _bf16_copy(shape, with_head=rank is None) if mixed else \
+        0 if rank is None else shape.linear_weights() * FP32
     sampling = {"KV cache while sampling": shape.kv_cache_bytes(rows * (prompt + completion), values),
-                "weights as the sampler reads them": _bf16_copy(shape, with_head=rank is None) if mixed else 0}
+                "weights as the sampler reads them": sampler_weights}
     evaluating = {
         "KV cache while evaluating": shape.kv_cache_bytes(
             cell["eval_batch_size"] * (prompt + cell["eval_max_new_tokens"]), values)
