@@ -98,6 +98,18 @@ def test_a_rerun_cell_shows_only_its_own_curves_on_the_board(tmp_path):
     assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 0.5)], "the first run's curve remained"
 
 
+def test_a_rerun_stopped_before_its_first_step_leaves_none_of_the_earlier_runs_tables(tmp_path):
+    config = cell_config(SMOKE, "outcome", 1, 0, out_dir=tmp_path / "cell")
+    first = CellWriter(config)
+    first.add_step({"step": 1, "loss": 0.25})
+    first.add_eval(0, [{"problem_id": "a", "correct": 1, "length": 3, "truncated": False, "answered": True,
+                        "verdict": "correct"}])
+    (tmp_path / "cell" / cell_folder.MANIFEST).write_text("{}")
+    CellWriter(config)  # the same cell run again by hand, stopped before it wrote anything of its own
+    left = sorted(p.name for p in (tmp_path / "cell").iterdir() if not p.name.startswith("events.out"))
+    assert left == [cell_folder.PARAMS], f"the earlier run's files stand beside the rerun's parameters: {left}"
+
+
 def test_a_text_rollout_ends_each_completion_with_eos_unless_it_was_cut(tiny_tokenizer):
     problems = [Problem("a", "Problem: 1 + 2 = ?\n", "3"), Problem("b", "Problem: 2 + 2 = ?\n", "4")]
     rollout = rollout_from_text(tiny_tokenizer, problems, ["3", "4 4"], truncated=[False, True])

@@ -155,7 +155,10 @@ class CellWriter:
         self.evals: list[dict] = []
         self.dev_evals: list[dict] = []
         self.answers: list[dict] = []
-        for stale in (cell_folder.COMPLETIONS, cell_folder.DEV_EVALS):  # appended to, or absent from this run
+        # An earlier run's tables and manifest would otherwise stand beside this run's params.json until replaced
+        # (some are appended to, or absent from this run), and a rerun stopped meanwhile would mix the two.
+        for stale in (cell_folder.HISTORY, cell_folder.EVALS, cell_folder.ANSWERS, cell_folder.MANIFEST,
+                      cell_folder.COMPLETIONS, cell_folder.DEV_EVALS):
             (self.folder / stale).unlink(missing_ok=True)
         for board in self.folder.glob(TENSORBOARD_EVENTS):  # TensorBoard would draw an earlier run's curves beside
             board.unlink()
