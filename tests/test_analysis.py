@@ -17,6 +17,7 @@ from reward_density.analysis.plots import (
     plot_equivalence,
     plot_pass1_vs_rank,
     plot_peak_advantage_std,
+    plot_process_collapse,
 )
 from reward_density.analysis.report import completion_tokens, matrix_counts, seeds_phrase, write_report
 from reward_density.analysis.stopping import answers_at_chosen_steps, chosen_steps, chosen_table
@@ -557,6 +558,14 @@ def test_the_peak_advantage_figure_leaves_out_a_regime_whose_steps_have_no_advan
     figure = plot_peak_advantage_std(dataclasses.replace(cells, history=history), tmp_path / "peak.png")
     ticks = [label.get_text() for label in figure.axes[0].get_xticklabels()]
     assert ticks == ["outcome"], f"a regime without advantages got a bar (its summary's 0): {ticks}"
+
+
+def test_an_arms_curve_over_seeds_stops_where_one_of_its_seeds_stopped(outputs, tmp_path):
+    cells = load_cells(outputs)
+    evals = cells.evals[(cells.evals["cell"] != "process-r1-s1") | (cells.evals["step"] < 4)]  # seed 1 stopped early
+    figure = plot_process_collapse(dataclasses.replace(cells, evals=evals), tmp_path / "collapse.png")
+    [r1] = [line for line in figure.axes[0].get_lines() if line.get_label() == "r1"]
+    assert list(r1.get_xdata()) == [0, 2], "seed 0 alone was drawn as the mean at step 4"
 
 
 def test_the_last_quarter_is_read_between_the_first_and_last_evaluation_never_at_the_last():

@@ -126,7 +126,12 @@ def _has_advantages(cells: Cells, regime: str) -> bool:
 
 
 def _mean_over_seeds(frame: pd.DataFrame, column: str) -> pd.DataFrame:
-    """Per arm and step, the mean of a column over seeds."""
+    """Per arm and step, the mean of a column over seeds, at the steps every seed of the arm reached (as
+    dynamics.mean_curve: a step fewer seeds reached would show those seeds alone as the mean)."""
+    if "seed" in frame:  # else the frame is such a mean already (a smoothed one, say)
+        every_seed = frame.groupby(["arm", "step"])["seed"].transform("nunique") == \
+            frame.groupby("arm")["seed"].transform("nunique")
+        frame = frame[every_seed]
     return frame.groupby(["arm", "step"], sort=False)[column].mean().reset_index()
 
 
