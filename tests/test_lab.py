@@ -93,6 +93,12 @@ def test_a_port_that_is_not_one_stops_the_lab_before_it_starts(port, capsys):
     assert stopped.value.code == 2 and "is not a TCP port (1-65535)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("port", [None, 8890])
+def test_the_lab_listens_on_the_loopback_interface_with_or_without_a_port(port):
+    assert "--ServerApp.ip=127.0.0.1" in lab_command(REPO_ROOT, port=port), \
+        "without the pin, a Jupyter configuration listening on every interface would expose the lab and its token"
+
+
 def test_the_server_refuses_a_request_without_its_token(lab):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(f"{lab.url}/api/contents/notebooks", timeout=30)

@@ -47,10 +47,12 @@ def write_overrides(folder: Path) -> Path:
 
 def lab_command(root: Path = REPO_ROOT, *, port: int | None = None, token: str | None = None,
                 open_browser: bool = True, settings: Path | None = None) -> list[str]:
-    """The command that serves JupyterLab on root, opening on notebooks/ (token None: Jupyter makes one)."""
-    command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root}", f"--LabApp.default_url={START_PAGE}"]
+    """The command that serves JupyterLab on root, on the loopback interface whatever Jupyter's own configuration
+    says (a container's often listens on every interface), opening on notebooks/ (token None: Jupyter makes one)."""
+    command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root}", f"--LabApp.default_url={START_PAGE}",
+               "--ServerApp.ip=127.0.0.1"]
     if port is not None:
-        command += [f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1"]
+        command += [f"--ServerApp.port={port}", "--ServerApp.port_retries=0"]
     if token is not None:
         command.append(f"--IdentityProvider.token={token}")
     if not open_browser:
