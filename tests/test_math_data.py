@@ -262,3 +262,22 @@ def test_a_held_out_set_drawn_from_the_training_data_is_left_out_of_training(tmp
     assert "1 of 3 training problems repeat a held-out problem's prompt" in capsys.readouterr().out
     with pytest.raises(ValueError, match="every one of the 3 training problems is held out"):
         cell.load_problem_splits(dataclasses.replace(config, eval_problems=3), checker)
+
+
+def test_the_sft_control_reads_its_own_folder_beside_math_schema_problems(tmp_path, checker):
+    """A paper-style profile (MATH-schema problems with a prompt template) with the SFT control: the control is a
+    mini-world folder of its own and is read as one, with its solutions."""
+    from reward_density.data.problems import write_problems
+    from reward_density.experiment import cell
+    from reward_density.experiment.profiles import REPO_ROOT, cell_config, load_profile
+    from reward_density.world.control import ControlConfig, control_splits
+
+    for split, problems in control_splits(ControlConfig(size=4), seed=0).items():  # as the world build writes it
+        write_problems(tmp_path / "control" / f"{split}.jsonl", problems)
+    path = str(write_jsonl(tmp_path / "math.jsonl", [MATH_ROWS[0], MATH_ROWS[1], MATH_ROWS[3]]))
+    profile = load_profile(REPO_ROOT / "params" / "smoke.yaml")
+    config = cell_config(profile, "sft", 1, 0, problems=path, heldout=path, prompt_template="{problem}",
+                         control=str(tmp_path / "control"), out_dir=str(tmp_path / "cell"))
+    train, heldout = cell.load_problem_splits(config, checker)
+    assert train and all(p.solution for p in train), "the control's facts lost their solutions"
+    assert {p.prompt for p in heldout} == {p.prompt for p in train}, "the control is scored on the facts it teaches"

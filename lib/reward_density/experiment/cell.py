@@ -94,10 +94,10 @@ def load_problem_splits(config: CellConfig, checker: Checker) -> tuple[list[Prob
         source, heldout, count = config.control, None, None  # the control's own folder and all of its facts
     else:
         source, heldout, count = config.problems, config.heldout, config.eval_problems
-    subsets = config.problem_subsets
-    train = training_problems(source, config.prompt_template, subsets, checker)
-    heldout = heldout_problems(source, heldout, config.prompt_template, subsets, checker, count=count,
-                               split=config.eval_split)
+    # The control is a mini-world folder of its own, whatever schema the profile's problems have.
+    template, subsets = (None, None) if config.regime == SFT else (config.prompt_template, config.problem_subsets)
+    train = training_problems(source, template, subsets, checker)
+    heldout = heldout_problems(source, heldout, template, subsets, checker, count=count, split=config.eval_split)
     if config.regime != SFT:  # the control is scored on the very facts it teaches
         train = without_heldout(train, heldout)
     return train, heldout
