@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from reward_density.data.sources import load_causal_lm
 from reward_density.experiment.baseline import base_configs
 from reward_density.experiment.config import CellConfig, parse_cell_name
 from reward_density.experiment.profiles import (
@@ -393,6 +394,15 @@ def test_world_entries_resolve_local_paths_against_the_root_and_pass_hub_ids_thr
     assert resolve_world_entry("./x", tmp_path) == str(tmp_path / "x")
     assert resolve_world_entry("outputs/w/student", tmp_path) == str(tmp_path / "outputs/w/student")
     assert resolve_world_entry("/abs/path", tmp_path) == "/abs/path"
+    # No hub id has these forms: missing, they are local copies not made yet, to be named as missing.
+    assert resolve_world_entry("models/qwen3/student", tmp_path) == str(tmp_path / "models/qwen3/student")
+    assert resolve_world_entry("data/test.jsonl", tmp_path) == str(tmp_path / "data/test.jsonl")
+    assert resolve_world_entry("HuggingFaceH4/MATH-500", tmp_path) == "HuggingFaceH4/MATH-500"
+
+
+def test_a_missing_local_model_folder_is_named_not_looked_up_on_the_hub(tmp_path):
+    with pytest.raises(FileNotFoundError, match="student folder not found: .*models/qwen3/student"):
+        load_causal_lm(resolve_world_entry("models/qwen3/student", tmp_path), what="student")
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,10 @@ sections are checked against the cell schema (`config.CellConfig`): a key the sc
 error, and a key the profile leaves out takes the schema's default.
 
 World entries are either local paths or hub ids. The rule (`is_local_path`): a value is a local path
-when it starts with "/", "~" or ".", when its first component is "outputs", or when it exists relative
-to the root; anything else (e.g. "Qwen/Qwen3-1.7B-Base") is a hub id and is passed on untouched.
+when it starts with "/", "~" or ".", when its first component is "outputs", when it cannot be a hub id (more
+than one "/", or a data file's name: a missing local copy is then named as missing, not looked up on the hub), or
+when it exists relative to the root; anything else (e.g. "Qwen/Qwen3-1.7B-Base") is a hub id and is passed on
+untouched.
 Local paths are made absolute against the root (the repository checkout by default).
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from ..data.sources import has_hub_id_form
 from .checks import (
     Checker,
     InvalidValue,
@@ -218,7 +221,8 @@ def group_configs(
 
 def is_local_path(value: str, root: Path) -> bool:
     """Whether a world entry names a local path (see the module docstring) rather than a hub id."""
-    return value.startswith(("/", "~", ".")) or Path(value).parts[:1] == ("outputs",) or (root / value).exists()
+    return value.startswith(("/", "~", ".")) or Path(value).parts[:1] == ("outputs",) or \
+        not has_hub_id_form(value) or (root / value).exists()
 
 
 def resolve_path(path: str | Path, root: Path) -> Path:
