@@ -741,12 +741,18 @@ def test_the_analysis_stage_compares_the_methods_a_profile_names(root):
     assert "methods" not in read_json(outputs / "report.md"), "the main analysis does not receive the comparison's key"
 
 
-def test_a_replication_is_analysed_as_a_study_then_set_beside_the_study_it_replicates(tmp_path, monkeypatch):
-    stages_run = []
+@pytest.fixture
+def stage_calls(monkeypatch) -> list[tuple[str, dict]]:
+    """The stage notebooks called (name, parameters), none of them run."""
+    calls = []
     monkeypatch.setattr(stages, "run_stage",
-                        lambda path, output, parameters, root: stages_run.append((path.name, parameters)))
+                        lambda path, output, parameters, root: calls.append((path.name, parameters)))
+    return calls
+
+
+def test_a_replication_is_analysed_as_a_study_then_set_beside_the_study_it_replicates(tmp_path, stage_calls):
     stages.stage_analysis(load_profile(REPO_ROOT / "params" / "mini_world1.yaml"), tmp_path)
-    (study, parameters), (comparison, compared) = stages_run
+    (study, parameters), (comparison, compared) = stage_calls
     assert study == "analysis.py"
     assert set(parameters) == {"profile", "outputs_dir", "equivalence_margin", "confidence", "planned_cells"}
     assert comparison == "replication.py"
@@ -767,12 +773,9 @@ def test_a_study_to_compare_with_that_has_no_outputs_stops_the_run_before_traini
     assert not (root / "outputs" / "tiny" / "cells").exists(), "cells trained for an analysis that cannot run"
 
 
-def test_the_kl_comparison_reads_the_study_with_kl_under_the_runs_root(tmp_path, monkeypatch):
-    stages_run = []
-    monkeypatch.setattr(stages, "run_stage",
-                        lambda path, output, parameters, root: stages_run.append((path.name, parameters)))
+def test_the_kl_comparison_reads_the_study_with_kl_under_the_runs_root(tmp_path, stage_calls):
     stages.stage_analysis(load_profile(REPO_ROOT / "params" / "mini_klfree.yaml"), tmp_path)
-    (study, _), (comparison, compared) = stages_run
+    (study, _), (comparison, compared) = stage_calls
     assert (study, comparison) == ("analysis.py", "kl_comparison.py")
     assert (compared["compare_with"], compared["compare_with_dir"]) == ("mini", str(tmp_path / "outputs" / "mini")), \
         "under --root the comparison read the checkout's outputs/mini"
