@@ -773,6 +773,14 @@ def test_a_study_to_compare_with_that_has_no_outputs_stops_the_run_before_traini
     assert not (root / "outputs" / "tiny" / "cells").exists(), "cells trained for an analysis that cannot run"
 
 
+def test_a_method_study_before_the_last_runs_before_the_methods_after_it_have_outputs(root):
+    path = root / "params" / "tiny.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["analysis"]["methods"] = {"GRPO": "tiny", "T-SPMO": "not_run_yet"}  # `papers` runs tiny first
+    path.write_text(yaml.safe_dump(data))
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells,analysis"]) == 0
+
+
 def test_the_kl_comparison_reads_the_study_with_kl_under_the_runs_root(tmp_path, stage_calls):
     stages.stage_analysis(load_profile(REPO_ROOT / "params" / "mini_klfree.yaml"), tmp_path)
     (study, _), (comparison, compared) = stage_calls

@@ -130,9 +130,10 @@ def check_notebook_sections(profile: Profile, root: Path, stages: list[str]) -> 
 def check_compared_studies(profile: Profile, root: Path) -> None:
     """The studies the analysis sets this one beside (analysis.compare_with, replicates, methods) have outputs to
     read, checked before any cell trains: a misspelled name failed only at the analysis, after the training."""
-    analysis = profile.analysis
+    analysis, methods = profile.analysis, profile.analysis["methods"] or {}
     named = {f"analysis.{key}": analysis[key] for key in ("compare_with", "replicates") if analysis[key]}
-    named |= {f"analysis.methods.{label}": name for label, name in (analysis["methods"] or {}).items()}
+    if list(methods.values())[-1:] == [profile.name]:  # the last of the methods writes their comparison
+        named |= {f"analysis.methods.{label}": name for label, name in methods.items()}
     for key, name in named.items():
         outputs = root / "outputs" / name
         if name != profile.name and not outputs.is_dir():
