@@ -84,12 +84,18 @@ def plateau_table(cells: Cells) -> Table:
     return Table(frame, markdown_table(header, lines) if lines else "No evaluated cell.\n")
 
 
+def has_advantages(history: pd.DataFrame) -> bool:
+    """Whether these steps recorded an advantage std (the SFT control's record none; its summary's 0 is no
+    measurement)."""
+    return "advantage_std" in history and history["advantage_std"].notna().any()
+
+
 def collapse_table(cells: Cells) -> Table:
     """Per regime: mean step of the advantage-std peak and of the length peak, and the pass@1 collapse step."""
     rows, collapse_texts = [], []
     for regime in regimes(cells):
         history = cells.history[cells.history["regime"] == regime]
-        if history.empty or "advantage_std" not in history or history["advantage_std"].isna().all():  # SFT
+        if not has_advantages(history):  # the SFT control
             continue
         advantage_peak = _mean_peak_step(history, "advantage_std")
         length_peak = _mean_peak_step(history, "len_mean") if "len_mean" in history else float("nan")

@@ -17,6 +17,7 @@ from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from ..rewards import DENSITY  # noqa: E402
+from .dynamics import has_advantages  # noqa: E402
 from .kl import final_kl, kl_table  # noqa: E402
 from .load import Cells, arms, ranks, regimes  # noqa: E402
 from .rank_needed import by_density, growth, needed_ranks, standing  # noqa: E402
@@ -106,7 +107,7 @@ def plot_peak_advantage_std(cells: Cells, path: str | Path) -> Figure:
     as a dot."""
     fig, axes = _panels(1)
     ax = axes[0]
-    shown = [regime for regime in regimes(cells) if _has_advantages(cells, regime)]
+    shown = [regime for regime in regimes(cells) if has_advantages(cells.history[cells.history["regime"] == regime])]
     for i, regime in enumerate(shown):
         values = cells.summaries.loc[cells.summaries["regime"] == regime, "peak_advantage_std"].dropna()
         ax.bar(i, values.mean(), color="lightsteelblue", edgecolor="steelblue")
@@ -116,13 +117,6 @@ def plot_peak_advantage_std(cells: Cells, path: str | Path) -> Figure:
     ax.set_xticks(range(len(shown)), shown)
     ax.set(ylabel="peak advantage std (per cell)", title="Peak advantage std by regime")
     return _save(fig, path)
-
-
-def _has_advantages(cells: Cells, regime: str) -> bool:
-    """Whether the regime's steps recorded an advantage std (the SFT control's have none; its summary's 0 is no
-    measurement)."""
-    history = cells.history
-    return "advantage_std" in history and history.loc[history["regime"] == regime, "advantage_std"].notna().any()
 
 
 def _mean_over_seeds(frame: pd.DataFrame, column: str) -> pd.DataFrame:

@@ -74,7 +74,7 @@ def _accuracy_markdown(frame: pd.DataFrame, columns: list[str]) -> str:
 
 def _format_mean_sd(mean: float, sd: float, n: int) -> str:
     """"0.412 ± 0.021", or "0.412 (n=1)" when there is one seed."""
-    return f"{mean:.3f} (n=1)" if n == 1 else f"{mean:.3f} ± {sd:.3f}"
+    return mean_sd(mean, sd, 3) + (" (n=1)" if n == 1 else "")
 
 
 def mean_sd(mean: float, sd: float, digits: int) -> str:

@@ -12,15 +12,15 @@ MODEL_CONFIG = "config.json"  # what every save_pretrained model folder holds
 DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow")  # a file's name, never a hub id
 
 
-def has_hub_id_form(source: str) -> bool:
-    """Whether source could be a hub id ('name' or 'owner/name'): a longer path or a data file's name cannot."""
-    return source.count("/") <= 1 and not source.endswith(DATA_FILE_SUFFIXES)
+def looks_local(source: str) -> bool:
+    """Whether source has a path's form no hub id has ('name' or 'owner/name'): it starts with '.', '/' or '~', holds
+    more than one '/', or names a data file."""
+    return source.startswith((".", "/", "~")) or source.count("/") > 1 or source.endswith(DATA_FILE_SUFFIXES)
 
 
 def is_local(source: str) -> bool:
-    """Whether a model or dataset source names a local path (path-like, not a hub id's form, or existing) rather
-    than a hub id."""
-    return source.startswith((".", "/", "~")) or not has_hub_id_form(source) or Path(source).expanduser().exists()
+    """Whether a model or dataset source names a local path (path-like, or existing) rather than a hub id."""
+    return looks_local(source) or Path(source).expanduser().exists()
 
 
 def _source(name_or_path: str | Path, what: str, required_file: str) -> str:

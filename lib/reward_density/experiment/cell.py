@@ -92,10 +92,10 @@ def load_problem_splits(config: CellConfig, checker: Checker) -> tuple[list[Prob
         if config.control is None:
             raise ValueError("the sft regime needs the world's control problems (world.control in the profile)")
         source, heldout, count = config.control, None, None  # the control's own folder and all of its facts
+        template = subsets = None  # a mini-world folder, whatever schema the profile's problems have
     else:
         source, heldout, count = config.problems, config.heldout, config.eval_problems
-    # The control is a mini-world folder of its own, whatever schema the profile's problems have.
-    template, subsets = (None, None) if config.regime == SFT else (config.prompt_template, config.problem_subsets)
+        template, subsets = config.prompt_template, config.problem_subsets
     train = training_problems(source, template, subsets, checker)
     heldout = heldout_problems(source, heldout, template, subsets, checker, count=count, split=config.eval_split)
     if config.regime != SFT:  # the control is scored on the very facts it teaches

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from ..data.sources import has_hub_id_form
+from ..data.sources import looks_local
 from .checks import (
     Checker,
     InvalidValue,
@@ -221,8 +221,7 @@ def group_configs(
 
 def is_local_path(value: str, root: Path) -> bool:
     """Whether a world entry names a local path (see the module docstring) rather than a hub id."""
-    return value.startswith(("/", "~", ".")) or Path(value).parts[:1] == ("outputs",) or \
-        not has_hub_id_form(value) or (root / value).exists()
+    return looks_local(value) or Path(value).parts[:1] == ("outputs",) or (root / value).exists()
 
 
 def resolve_path(path: str | Path, root: Path) -> Path:
