@@ -107,14 +107,22 @@ def _truncate(path, lines):
     path.write_text("".join(path.read_text().splitlines(keepends=True)[:lines]))
 
 
+def _blank_last_verdict(path):
+    """The last answers row with its verdict left blank, as a line cut off mid-write reads."""
+    frame = pd.read_csv(path, dtype={"problem_id": str}).astype({"correct": object})
+    frame.loc[frame.index[-1], "correct"] = None
+    frame.to_csv(path, index=False)
+
+
 @pytest.mark.parametrize("damage, expected", [
     (lambda f: (f / "summary.json").write_text('{"regime": "outc'), r"summary\.json is not valid JSON"),
     (lambda f: (f / "summary.json").write_text("{}"), r"summary\.json lacks \['regime', 'seed'\]"),
     (lambda f: _truncate(f / "answers.csv", 25), r"answers\.csv holds \{0: 10, 2: 10, 4: 4\} answers per step"),
     (lambda f: (f / "answers.csv").write_text(""), r"answers\.csv does not parse as CSV"),
+    (lambda f: _blank_last_verdict(f / "answers.csv"), r"answers\.csv has a verdict nan that is neither 0/1"),
     (lambda f: _truncate(f / "history.csv", 3), r"history\.csv has 2 rows, summary\.json says 4 steps"),
     (lambda f: (f / "evals.csv").unlink(), r"No such file.*evals\.csv"),
-], ids=["summary-cut", "summary-empty", "answers-cut", "answers-empty", "history-cut", "evals-missing"])
+], ids=["summary-cut", "summary-empty", "answers-cut", "answers-empty", "verdict-blank", "history-cut", "evals-missing"])
 def test_a_damaged_finished_cell_is_named_not_read(tmp_path, damage, expected):
     write_cell(tmp_path, "outcome", None, 0, 6)
     damage(write_cell(tmp_path, "outcome", 1, 0, 5))

@@ -62,7 +62,6 @@ def load_cells(outputs_dir: str | Path) -> Cells:
         raise FileNotFoundError(f"no finished cell (a folder with {cell_folder.SUMMARY}) under {root}")
     cells = [_read_finished(folder) for folder in finished]
     answers = _concat([cell["answers"] for cell in cells])
-    answers["correct"] = answers["correct"].map(_as_int)
     dev_evals = [cell["dev_evals"] for cell in cells if cell["dev_evals"] is not None]
     return Cells(
         summaries=_with_key_types(pd.DataFrame([cell["summary"] for cell in cells])),
@@ -89,6 +88,7 @@ def _read_finished(folder: Path) -> dict:
                 "dev_evals": _read_csv(dev, keys) if dev.is_file() else None,
                 "params": read_json(params) if params.is_file() else {},
                 "manifest": read_json(manifest) if manifest.is_file() else {}}
+        tables["answers"]["correct"] = _correct_as_int(tables["answers"])
         _check_complete(summary, tables["history"], tables["evals"], tables["answers"])
     except (OSError, ValueError) as error:
         raise DamagedCell(
@@ -139,7 +139,7 @@ def load_cell(folder: str | Path) -> OneCell:
     summary = folder / cell_folder.SUMMARY
     answers = table(cell_folder.ANSWERS)
     if "correct" in answers:
-        answers["correct"] = answers["correct"].map(_as_int)
+        answers["correct"] = _correct_as_int(answers)
     return OneCell(folder.name, read_json(folder / cell_folder.PARAMS),
                    read_json(summary) if summary.is_file() else None,
                    table(cell_folder.HISTORY), table(cell_folder.EVALS), answers, read_completions(folder))
@@ -184,11 +184,17 @@ def _with_key_types(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.astype({"rank": "Int64", "seed": int})
 
 
-def _as_int(value) -> int:
-    """0/1 from a bool, a number or a "True"/"False" string."""
-    if isinstance(value, str):
-        return int(value.strip().lower() in ("true", "1", "1.0"))
-    return int(bool(value))
+def _correct_as_int(answers: pd.DataFrame) -> pd.Series:
+    """The answers' verdicts as 0/1 (written as bools or numbers); a ValueError on any other value, such as the
+    blank of a cut-off line, which a truthiness test would count as correct."""
+    verdicts = {"true": 1, "1": 1, "1.0": 1, "false": 0, "0": 0, "0.0": 0}
+    if "correct" not in answers:
+        raise ValueError(f"{cell_folder.ANSWERS} has no correct column")
+    values = answers["correct"].map(lambda value: verdicts.get(str(value).strip().lower()))
+    if values.isna().any():
+        bad = answers.loc[values.isna(), "correct"].iloc[0]
+        raise ValueError(f"{cell_folder.ANSWERS} has a verdict {bad!r} that is neither 0/1 nor True/False")
+    return values.astype(int)
 
 
 def regimes(cells: Cells) -> list[str]:
