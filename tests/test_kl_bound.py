@@ -15,6 +15,7 @@ from reward_density.experiment.kl_bound import (
     lora_constant,
     policy_kl,
     run_grid,
+    shift_violations,
     summary,
     summary_markdown,
 )
@@ -91,6 +92,19 @@ def test_the_grid_is_deterministic(small_grid):
 def test_the_bound_of_eq5_holds_for_every_seed_and_rank(small_grid):
     assert bound_violations(small_grid).empty
     assert (small_grid.empirical_kl_max <= small_grid.bound).all()
+
+
+def test_the_step_before_the_bound_holds_and_is_not_loose_by_construction(small_grid):
+    ratio = small_grid.max_abs_dlogpi / small_grid.mu
+    assert shift_violations(small_grid).empty, f"||Delta log pi||_inf exceeds mu(r): ratios {ratio.tolist()}"
+    assert ratio.max() > 1e-3, f"the shift sits orders of magnitude under mu(r) ({ratio.max()}): a check that cannot fail"
+    assert len(shift_violations(small_grid.assign(mu=small_grid.max_abs_dlogpi / 2))) == len(small_grid)
+
+
+def test_the_bounds_are_infinite_past_a_floats_range_not_an_error():
+    assert lora_constant(eta=1.0, k=64, grad_bound=1.0, steps=690) == math.inf
+    assert kl_bound_high_probability(rank=1, d=256, k=64, eta=1.0, grad_bound=1e-3, steps=690) == math.inf
+    assert kl_bound_high_probability(rank=1, d=256, k=64, eta=1e-3, grad_bound=1e-3, steps=10) < math.inf
 
 
 @pytest.mark.parametrize("setting, value, message", [

@@ -72,8 +72,8 @@ _INTEGER = re.compile(r"-?\d+")
 
 
 def last_number(text: str) -> Decimal | None:
-    """The text's last number, once the commas between thousands are removed (how the token-selection papers read
-    an answer): "1,692." and "1692.0" equal 1692, and "3.5" is no integer (the papers' digit run reads 5)."""
+    """The text's last number, once the commas between thousands are removed: "1,692." and "1692.0" equal 1692, and
+    "3.5" is no integer (the token-selection papers strip every comma and read the last digit run: 1234 and 5)."""
     found = _NUMBER.findall(_THOUSANDS.sub("", text))
     return Decimal(found[-1]) if found else None
 
