@@ -98,6 +98,18 @@ def test_bf16_full_fine_tuning_keeps_fp32_master_weights_and_a_bf16_reference(ti
     assert len(grads) == len(list(policy.model.parameters())) and metrics["kl_ref"] >= 0
 
 
+@pytest.mark.parametrize("rank", [2, None], ids=["lora", "full"])
+def test_bf16_storage_leaves_the_rotary_frequencies_fp32(tiny_model_dir, rank):
+    # from_pretrained in bf16 keeps inv_freq fp32; a bf16 inv_freq would shift every arm's positions but FullFT's
+    student = load_causal_lm(tiny_model_dir, dtype=torch.float32 if rank is None else torch.bfloat16)
+    exact = load_causal_lm(tiny_model_dir).model.rotary_emb.inv_freq
+    policy = Policy(student, PolicyConfig(rank=rank, precision="bf16"), keep_reference=True)
+    frozen = policy.model.get_base_model() if rank else policy._reference
+    assert {p.dtype for p in frozen.parameters() if not p.requires_grad} == {torch.bfloat16}
+    assert frozen.model.rotary_emb.inv_freq.dtype == torch.float32, "the bf16 cast rounded the rotary frequencies"
+    assert torch.equal(frozen.model.rotary_emb.inv_freq, exact)
+
+
 def test_bf16_autocast_runs_matmuls_in_bf16_and_fp32_changes_nothing():
     weight = torch.randn(4, 4)
     with autocast("cpu", "bf16"):

@@ -11,7 +11,7 @@ from peft import LoraConfig, get_peft_model
 from peft.tuners.lora import LoraLayer
 
 from .logprobs import completion_logprobs
-from .precision import check_precision, frozen_dtype
+from .precision import check_precision, frozen_dtype, stored_in
 from .rollout import Rollout
 
 
@@ -61,7 +61,7 @@ class Policy:
                 task_type="CAUSAL_LM",
             )
             # The frozen base in storage precision; peft keeps the adapters fp32 (autocast_adapter_dtype).
-            self.model = get_peft_model(base_model.to(frozen_dtype(config.precision)), lora)
+            self.model = get_peft_model(stored_in(base_model, frozen_dtype(config.precision)), lora)
             self._reference = None
             self._lora_layers = [m for m in self.model.modules() if isinstance(m, LoraLayer)]
         else:
@@ -133,7 +133,7 @@ class Policy:
 
 
 def _frozen_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    reference = copy.deepcopy(model).to(dtype).eval()
+    reference = stored_in(copy.deepcopy(model), dtype).eval()
     for p in reference.parameters():
         p.requires_grad_(False)
     return reference

@@ -20,6 +20,15 @@ def check_precision(precision: str) -> str:
     return precision
 
 
+def stored_in(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """The model with its parameters cast to dtype, its buffers left as they are. from_pretrained keeps a bf16
+    model's rotary inv_freq in fp32, and Module.to would round it: at Qwen3-1.7B's settings a phase error of
+    about 2 radians 1,700 positions apart, in LoRA arms and the FullFT reference but not the fp32 FullFT policy."""
+    for parameter in model.parameters():
+        parameter.data = parameter.data.to(dtype)
+    return model
+
+
 def frozen_dtype(precision: str) -> torch.dtype:
     """Storage dtype of weights that are never updated."""
     return torch.bfloat16 if check_precision(precision) == "bf16" else torch.float32
