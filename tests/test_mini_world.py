@@ -103,6 +103,15 @@ def test_world_overrides_name_unknown_settings():
         world_config("huge")
 
 
+def test_world_overrides_keep_each_settings_kind():
+    assert world_config("smoke", student_tolerance=1).student_tolerance == 1, "a float setting takes an integer"
+    for bad, said in (({"seed": "0"}, "seed must be an integer"), ({"seed": 1.0}, "seed must be an integer"),
+                      ({"student": {"hidden": True}}, "student.hidden must be an integer"),
+                      ({"student_tolerance": "0.1"}, "student_tolerance must be a number")):
+        with pytest.raises(ValueError, match=said):
+            world_config("smoke", **bad)
+
+
 @pytest.mark.parametrize("part", ["student_training", "teacher_training", "prm_pretraining", "prm_training"])
 def test_a_training_seed_of_its_own_is_refused_naming_the_worlds_seed(part):
     with pytest.raises(ValueError, match=rf"{part}\.seed is 7, but the world trains every model with the world's "

@@ -30,7 +30,7 @@ from reward_density.experiment.provenance import (
     write_json_atomic,
 )
 from reward_density.run import cli, notebooks, stages
-from reward_density.run.cli import _parser, check_answer_format, check_notebook_sections, main
+from reward_density.run.cli import _parser, check_build_world, check_notebook_sections, main
 from reward_density.run.local import gpu_slots, run_matrix
 from reward_density.run.lock import FolderInUse, exclusive, reading, replacing
 from reward_density.run.matrix import StaleCells, cpu_count, select_cells, stop_signals_as_interrupt
@@ -472,7 +472,22 @@ def test_a_profile_section_a_stage_notebook_does_not_take_is_refused_before_any_
 def test_every_shipped_profile_passes_its_stage_notebooks_only_their_parameters_and_reads_its_worlds_answers(name):
     profile = load_profile(REPO_ROOT / "params" / f"{name}.yaml")
     check_notebook_sections(profile, REPO_ROOT, ["world", "kl_bound"])
-    check_answer_format(profile)
+    check_build_world(profile)
+
+
+@pytest.mark.parametrize("setting, value, said", [
+    ("seed", "0", "build_world: world setting seed must be an integer, as the preset's 0; got '0'"),
+    ("size", "hueg", "build_world: unknown world size 'hueg'"),
+    ("overrides", {"student": {"hidden": "96"}}, "build_world: world setting student.hidden must be an integer"),
+    ("overrides", {"student": {"hidden": True}}, "build_world: world setting student.hidden must be an integer"),
+])
+def test_a_bad_build_world_setting_is_named_before_any_stage_runs(root, capsys, setting, value, said):
+    data = yaml.safe_load((root / "params" / "tiny.yaml").read_text())
+    data["build_world"][setting] = value
+    (root / "params" / "tiny.yaml").write_text(yaml.safe_dump(data))
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "world"]) == 2
+    error = capsys.readouterr().err
+    assert f"tiny.yaml: {said}" in error, error
 
 
 def test_a_profile_that_checks_answers_in_another_format_than_its_worlds_task_is_refused(root, capsys):

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile = load_profile(find_profile(args.profile, root))
         check_notebook_sections(profile, root, args.stages)
-        check_answer_format(profile)
+        check_build_world(profile)
         # Before the world stage, which may rebuild the world: the cells stage compares the world itself.
         check_finished_cells(profile, root, cells_to_check(profile, args.stages, args.cells), world=False)
         if "analysis" in args.stages:
@@ -141,15 +141,16 @@ def check_compared_studies(profile: Profile, root: Path) -> None:
                                "first, or correct the name")
 
 
-def check_answer_format(profile: Profile) -> None:
-    """The cells read answers in the format of the task the profile's world is built for: a multiplication world
-    checked for \\boxed{} answers would score its last-integer answers as math-verify happens to read them."""
+def check_build_world(profile: Profile) -> None:
+    """The build_world section describes a world (a bad setting named before any stage runs), and the cells read
+    answers in the format of its task: a multiplication world checked for \\boxed{} answers would score its
+    last-integer answers as math-verify happens to read them."""
     if not profile.build_world:
         return
     try:
         task = config_of_build(profile.build_world).task
-    except ValueError:  # a bad setting: the world notebook names it
-        return
+    except ValueError as error:
+        raise ProfileError(f"{profile.path}: build_world: {error}") from error
     if profile.cell["answer_format"] != task.answer_format:
         raise ProfileError(f"{profile.path}: cell.answer_format = {profile.cell['answer_format']!r}, but the world "
                            f"it builds ({type(task).__name__}) states its answers as {task.answer_format!r}: set "

@@ -170,8 +170,23 @@ def _with_overrides(obj: Any, overrides: dict[str, Any], where: str) -> Any:
             if not isinstance(value, dict):
                 raise ValueError(f"world setting {where}{key} must be a mapping, got {value!r}")
             value = _with_overrides(current, value, f"{where}{key}.")
+        _check_kind(current, value, f"{where}{key}")
         changes[key] = value
     return replace(obj, **changes)
+
+
+# What may replace a preset's value of each type (a float setting also takes an integer), and its name.
+_KINDS = {bool: ((bool,), "true or false"), int: ((int,), "an integer"), float: ((int, float), "a number"),
+          str: ((str,), "a string"), tuple: ((tuple, list), "a list")}
+
+
+def _check_kind(current: Any, value: Any, name: str) -> None:
+    """A ValueError unless the value is of the kind the preset holds."""
+    if type(current) not in _KINDS:
+        return
+    allowed, kind = _KINDS[type(current)]
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        raise ValueError(f"world setting {name} must be {kind}, as the preset's {current!r}; got {value!r}")
 
 
 def world_config(size: str = "mini", **overrides: Any) -> WorldConfig:
