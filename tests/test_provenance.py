@@ -48,6 +48,15 @@ def test_files_ahead_of_the_commit_are_named_by_the_commit_that_later_holds_them
     assert git(repo, "rev-parse", "HEAD^{tree}") == recorded, "the commit holding those files must have the tree"
 
 
+def test_code_unpacked_inside_another_repository_records_no_commit(tmp_path):
+    outer = a_repository(tmp_path)
+    project = outer / "downloads" / "project"  # a zip of the code, unpacked in a home folder kept under git
+    project.mkdir(parents=True)
+    assert git_state(project)["commit"] == git(outer, "rev-parse", "HEAD"), "git answers for the enclosing repository"
+    assert git_state(project, root=project) == {"commit": None, "dirty": None}
+    assert git_state(outer, root=outer)["commit"] == git(outer, "rev-parse", "HEAD")
+
+
 def test_results_a_run_rewrote_do_not_make_its_code_dirty(tmp_path):
     repo = a_repository(tmp_path)
     (repo / "outputs").mkdir()
@@ -82,7 +91,7 @@ def test_a_cell_and_a_run_record_the_code_they_started_with_not_a_commit_made_wh
     from reward_density.run import stage_times
 
     checkout = {"commit": "started", "dirty": False}
-    monkeypatch.setattr(provenance, "git_state", lambda cwd=None: dict(checkout))
+    monkeypatch.setattr(provenance, "git_state", lambda cwd=None, root=None: dict(checkout))
     config = cell_config(load_profile(REPO_ROOT / "params" / "smoke.yaml"), "outcome", 1, 0,
                          out_dir=str(tmp_path / "cell"), report_to="none")
     writer, times = cell.CellWriter(config), stage_times.StageTimes()

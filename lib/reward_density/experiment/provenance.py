@@ -24,13 +24,19 @@ def _git(cwd: Path | str | None, *args: str, env: dict[str, str] | None = None) 
     return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def git_state(cwd: Path | None = None) -> dict[str, Any]:
+CODE_ROOT = Path(__file__).resolve().parents[3]  # the checkout this library was loaded from (lib/reward_density/...)
+
+
+def git_state(cwd: Path | None = None, root: Path | None = None) -> dict[str, Any]:
     """The commit checked out and whether the files other than outputs/ differ from it: a tracked one changed, or a
-    new one git does not ignore (None outside a git checkout)."""
+    new one git does not ignore (None outside a git checkout, or in one whose top is not root, when given: a copy
+    of the code unpacked inside another repository would record that repository's commit)."""
     # The code, not the results: a study rewrites committed outputs (a baseline, a report) as it runs, and a run on
     # clean code must not call itself dirty because an earlier stage or run wrote them.
     code = (":(top)", ":(top,exclude)outputs")
     try:
+        if root is not None and Path(_git(cwd, "rev-parse", "--show-toplevel")).resolve() != Path(root).resolve():
+            return {"commit": None, "dirty": None}
         return {"commit": _git(cwd, "rev-parse", "HEAD"),
                 "dirty": bool(_git(cwd, "status", "--porcelain", "--untracked-files=normal", "--", *code))}
     except (OSError, subprocess.CalledProcessError):
@@ -100,7 +106,7 @@ def cpu_model() -> str:
 def code_state() -> dict[str, Any]:
     """The code a run loaded: git state, package versions and python. Take it when the run starts: a commit made
     or a package installed while a run goes on is not the code that ran."""
-    return {"git": git_state(Path(__file__).resolve().parent), "versions": package_versions(),
+    return {"git": git_state(CODE_ROOT, root=CODE_ROOT), "versions": package_versions(),
             "python": platform.python_version()}
 
 

@@ -18,7 +18,7 @@ import torch
 import transformers
 from transformers import TrainerCallback
 
-from ..experiment.provenance import cpu_model, git_state, package_versions, working_tree
+from ..experiment.provenance import CODE_ROOT, cpu_model, git_state, package_versions, working_tree
 
 
 def arm_name(rank: int | None) -> str:
@@ -72,7 +72,7 @@ class StepTimer(TrainerCallback):
 def environment(device: str = "cpu") -> dict[str, Any]:
     """Library versions, the GPU (if any), the CPU, threads, the git commit the numbers were taken with, whether
     tracked files differed from it, and the tree of the files as they stood (provenance.working_tree)."""
-    versions = package_versions()
+    versions, git = package_versions(), git_state(CODE_ROOT, root=CODE_ROOT)
     return {
         "torch": torch.__version__,
         **{name: versions[name] for name in ("transformers", "trl", "peft")},
@@ -81,8 +81,8 @@ def environment(device: str = "cpu") -> dict[str, Any]:
         "cpu": cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count() or 0,
-        **git_state(Path(__file__).parent),
-        "tree": working_tree(Path(__file__).parent),
+        **git,
+        "tree": working_tree(CODE_ROOT) if git["commit"] else None,
     }
 
 
