@@ -102,6 +102,21 @@ def test_each_arms_log_probs_are_its_peft_policys(model, tiny_tokenizer):
                                        atol=2e-5, rtol=1e-4, msg=f"arm {CONFIGS[a]}: reference differs")
 
 
+def test_every_arm_at_the_base_scores_exactly_its_reference(tiny_tokenizer):
+    # peft's log pi - log pi_ref is exactly 0 at the start; the paper's KL estimator clamps at 0, so round-off of
+    # either sign would keep or drop a token's KL gradient, arm by arm
+    configs = [PolicyConfig(rank=r) for r in (1, 2, 4, 8, 16)] + [PolicyConfig(rank=None)]
+    stacked = StackedPolicy(build_qwen3(len(tiny_tokenizer), seed=0, hidden=128, layers=3), configs, SEED)
+    with torch.no_grad():
+        problems = [*PROBLEMS, Problem("c", "Problem: 5 + 9 = ?\n", "14"),
+                    Problem("d", "Problem: 21 + 8 = ?\nStep 1:", "29")]  # a batch whose two passes pack apart
+        rollout = sample_rollout(stacked.weights(), tiny_tokenizer, problems, 4, SamplingConfig(64), seed=501)
+        ratio = completion_logprobs(stacked.weights(), rollout, 0.7) - stacked.reference_logprobs(rollout, 0.7)
+    n = rollout.num_completions // len(configs)
+    for a, config in enumerate(configs):
+        assert torch.count_nonzero(ratio[a * n:(a + 1) * n]) == 0, f"arm {config}: log pi - log pi_ref is not 0"
+
+
 def test_an_arm_samples_what_its_policy_samples_alone(model, tiny_tokenizer):
     stacked, arms = StackedPolicy(copy.deepcopy(model), CONFIGS, SEED), policies(model)
     sampling = SamplingConfig(10, temperature=0.9, top_p=0.95)

@@ -152,8 +152,21 @@ class StackedPolicy:
 
     @torch.no_grad()
     def reference_logprobs(self, rollout: Rollout, temperature: float) -> torch.Tensor:
-        """log pi_ref (the base) of every row's completion tokens, [A * N, T]."""
-        return completion_logprobs(self.base, rollout, temperature)
+        """log pi_ref (the base) of every row's completion tokens, [A * N, T].
+
+        The base is repeated once per arm (views, no copies), so the rows pack exactly as in the policy's pass: an
+        arm at the base then scores log pi - log pi_ref = 0 exactly, as its peft Policy does. Packed as one arm,
+        every arm but the first rounded differently, and the paper's KL estimator, clamped at 0, dropped the
+        tokens whose round-off came out negative."""
+        return completion_logprobs(_repeated(self.base, self.n_arms), rollout, temperature)
+
+
+def _repeated(weights: Qwen3Weights, arms: int) -> Qwen3Weights:
+    """One-arm weights as `arms` identical arms (expanded views)."""
+    def repeat(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.expand(arms, *tensor.shape[1:])
+    return Qwen3Weights(repeat(weights.embed), [{k: repeat(v) for k, v in layer.items()} for layer in weights.layers],
+                        repeat(weights.norm), repeat(weights.lm_head), weights.shape)
 
 
 def _detached(weights: Qwen3Weights) -> Qwen3Weights:
