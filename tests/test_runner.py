@@ -522,7 +522,9 @@ def test_a_ctrl_c_while_the_command_line_loads_says_so_in_one_line(monkeypatch, 
 def test_cli_missing_stage_notebook(root, capsys):
     assert main(["--profile", "tiny", "--root", str(root), "--stages", "world"]) == 1
     assert "notebooks/build_world.py does not exist" in capsys.readouterr().err
-    assert list(run_records(root)[-1]["stages"]) == ["world"], "a stage that fails is timed and recorded too"
+    record = run_records(root)[-1]
+    assert list(record["stages"]) == ["world"], "a stage that fails is timed and recorded too"
+    assert record["outcome"] == "failed"
 
 
 def run_records(root: Path) -> list[dict]:
@@ -536,6 +538,7 @@ def test_each_run_appends_its_stage_times_with_the_machine_and_the_code(root, ca
     first, second = run_records(root)
     assert list(first["stages"]) == ["cells", "analysis"], "the stages run, in order"
     assert first["cells"] == {"finished": 4, "skipped": 0, "failed": 0} and first["jobs"] == 2
+    assert first["outcome"] == second["outcome"] == "finished"
     assert second["cells"] == {"finished": 0, "skipped": 4, "failed": 0}, "the rerun skipped every cell"
     assert list(second["stages"]) == ["cells"], "a profile without a KL bound has no such stage to time"
     cells = first["stages"]["cells"]
@@ -578,6 +581,7 @@ def test_a_run_stopped_by_a_signal_keeps_its_finished_cells_and_a_rerun_finishes
         pytest.fail(f"the runner ignored {stop.name}")
     first = summaries(root)
     assert list(first) == ["outcome-r1-s0"], process.stderr.read().decode()
+    assert run_records(root)[-1]["outcome"] == "interrupted", "the runs log must say the run was stopped"
     for folder in (root / "outputs/tiny/cells").iterdir():
         assert not (folder / "summary.json").exists() or (folder / "params.json").exists()
     assert main(["--profile", "tiny", "--root", str(root), "--stages", "cells", "--jobs", "2"]) == 0

@@ -186,7 +186,7 @@ def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: s
         stage_world,
     )
 
-    ok, timed, cells = True, StageTimes(), None
+    ok, timed, cells, outcome = True, StageTimes(), None, "failed"
     reads_world = bool({"baseline", "cells"} & set(stages))
     try:
         with contextlib.ExitStack() as world_read:  # no other run rebuilds the world while these stages read it
@@ -216,6 +216,10 @@ def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: s
         elif "kl_bound" in stages:
             with timed("kl_bound"):
                 stage_kl_bound(profile, root)
+        outcome = "finished" if ok else "failed"
+    except KeyboardInterrupt:
+        outcome = "interrupted"
+        raise
     except (WorldUnreachable, StaleCells) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -225,7 +229,7 @@ def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: s
     finally:
         if timed.stages:  # a run stopped before any stage (an unreachable world) leaves no trace
             where = type(executor).__name__ if executor else "here"
-            timed.append_to(profile.outputs_dir(root) / RUN_LOG, profile=profile.name, executor=where,
-                            jobs=None if executor else len(slots) if slots else jobs,
+            timed.append_to(profile.outputs_dir(root) / RUN_LOG, profile=profile.name, outcome=outcome,
+                            executor=where, jobs=None if executor else len(slots) if slots else jobs,
                             cells=cells.counts if cells else None)
     return 0 if ok else 1
