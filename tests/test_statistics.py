@@ -5,6 +5,7 @@ import pytest
 from scipy import stats
 
 from reward_density.analysis.statistics import (
+    PairedDiff,
     StudyDesign,
     crossed_interval,
     minimum_detectable_difference,
@@ -14,6 +15,7 @@ from reward_density.analysis.statistics import (
     seeds_for_equivalence,
     simulate_coverage,
     simulate_differences,
+    t_interval,
     tost,
     variance_of_mean,
 )
@@ -129,6 +131,31 @@ def test_tost_reads_the_1_minus_2alpha_interval():
     assert result.alpha == pytest.approx(0.05)
     assert (result.ci_low, result.ci_high) == pytest.approx(diff.interval(0.90))
     assert diff.ci_low <= result.ci_low <= result.ci_high <= diff.ci_high
+
+
+def a_diff(estimate: float, se: float, df: float = 10, confidence: float = 0.95) -> PairedDiff:
+    """A paired difference with its t interval, as crossed_interval reports one."""
+    return PairedDiff(estimate, se, df, *t_interval(estimate, se, df, confidence), confidence, 100, 4, 25)
+
+
+def test_a_difference_only_the_tost_interval_excludes_from_zero_is_inconclusive_not_different():
+    diff = a_diff(0.03, 0.016)  # 90% interval [0.001, 0.059]: off 0, past the margin; 95% [-0.006, 0.066]
+    result = tost(diff, margin=0.05)
+    assert result.ci_low > 0 > diff.ci_low, "the case needs 0 between the two intervals' lower ends"
+    assert result.verdict == "inconclusive", "'different' is read from the confidence interval, not the TOST one"
+
+
+def test_an_interval_ending_exactly_on_the_margin_is_not_equivalent():
+    assert tost(a_diff(0.05, 0.0), margin=0.05).verdict == "different", "equivalence needs (-m, m), open"
+    assert tost(a_diff(0.049, 0.0), margin=0.05).verdict == "equivalent"
+
+
+def test_the_tost_p_value_is_the_larger_of_the_two_one_sided_p_values():
+    diff, margin = a_diff(0.02, 0.015), 0.05
+    lower = stats.t.sf((0.02 + margin) / 0.015, 10)  # H0-: diff <= -m
+    upper = stats.t.cdf((0.02 - margin) / 0.015, 10)  # H0+: diff >= m, the one nearer the estimate
+    assert upper > lower
+    assert tost(diff, margin).p_value == pytest.approx(upper, rel=1e-12)
 
 
 def test_an_interval_for_a_gain_near_one_stops_at_one_where_the_true_difference_must_lie():
