@@ -102,3 +102,11 @@ def test_missing_gold_answer_is_refused():
     )
     with pytest.raises(ValueError, match=r"rows \[1\]"):
         OutcomeReward(FixedChecker([Verdict.CORRECT] * 2))(rollout)
+
+
+def test_a_replayed_completion_is_scored_whole_with_the_answer_begun_in_its_prefix(checker):
+    # T-SPMO's replay restarts a completion after a prefix; its answer may start before the cut
+    rollout = make_rollout(completions=["8}", "7}"], lengths=[2, 2], answers=["18", "18"], truncated=[False, False])
+    rollout = Rollout(**{**vars(rollout), "prefixes": [r"so \boxed{1", r"so \boxed{1"]})
+    deposits = OutcomeReward(checker)(rollout)
+    assert deposits.trajectory_rewards.tolist() == [1.0, 0.0], "the prefix and its continuation read as one answer"

@@ -213,3 +213,13 @@ def test_the_prm_is_shown_the_bare_question_not_the_prompt_template(prm, prm_tok
     spy = SpyScorer(prm, prm_tok)
     ProcessReward(spy, student)(rollout)
     assert "What is 12 + 7?" in spy.seen and not any("Solve step by step" in text for text in spy.seen), spy.seen
+
+
+def test_a_step_whose_tag_lands_just_past_the_context_is_lost_and_one_just_inside_is_kept(prm, prm_tok):
+    question, steps = "What is 12 + 7?", [f"Step {j}: {12 + j} + 7 = {19 + j}" for j in range(8)]
+    ids, tags, _ = PRMScorer(prm, prm_tok).encode(question, steps)
+    last = tags[3]  # the fourth tag's position: an input of last + 1 tokens holds it, one of last tokens does not
+    ids, kept, lost = PRMScorer(prm, prm_tok, max_length=last + 1).encode(question, steps)
+    assert kept == tags[:4] and len(ids) == last + 1 and lost == 4
+    ids, kept, lost = PRMScorer(prm, prm_tok, max_length=last).encode(question, steps)
+    assert kept == tags[:3] and len(ids) <= last and lost == 5, "the PRM input must fit in max_length tokens"
