@@ -40,6 +40,19 @@ def test_masks_include_eos_and_nothing_after_it(model, tiny_tokenizer):
     assert torch.all(rollout.sampler_logps[~rollout.completion_mask] == 0)
 
 
+def test_an_end_of_text_the_generation_config_names_ends_a_completion_as_the_tokenizers_does(tiny_tokenizer):
+    # as Qwen3 snapshots whose tokenizer declares one end-of-text token and whose generation config adds another
+    model = build_qwen3(len(tiny_tokenizer), seed=3)
+    greedy = SamplingConfig(max_new_tokens=6, temperature=0)
+    first = sample_rollout(model, tiny_tokenizer, PROBLEMS, 1, greedy, seed=0).completion_ids[:, 0]
+    eos = tiny_tokenizer.eos_token_id
+    assert eos not in first.tolist(), "the case needs first tokens that are not the tokenizer's EOS"
+    model.generation_config.eos_token_id = [eos, *first.tolist()]
+    rollout = sample_rollout(model, tiny_tokenizer, PROBLEMS, 1, greedy, seed=0)
+    assert rollout.completion_mask.sum(-1).tolist() == [1] * len(PROBLEMS), "the model's own end must stop a row"
+    assert not rollout.truncated.any()
+
+
 def test_rows_are_grouped_by_problem(model, tiny_tokenizer):
     rollout = sample_rollout(model, tiny_tokenizer, PROBLEMS, 4, SamplingConfig(max_new_tokens=4), seed=0)
     assert rollout.answers == [p.answer for p in PROBLEMS for _ in range(4)]

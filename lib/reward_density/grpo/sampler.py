@@ -44,6 +44,16 @@ def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, int]:
     return tokenizer.eos_token_id, pad
 
 
+def stop_ids(model: torch.nn.Module | Qwen3Weights, eos: int) -> torch.Tensor:
+    """The token ids that end a completion: the tokenizer's EOS and those of the model's generation config. A
+    model's tokenizer and its generation config can name different ends of text (a base model trained to end with
+    one while its tokenizer declares a chat model's), and a sampler that stopped on one alone would run past the
+    model's own end to the length cap."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    extra = configured if isinstance(configured, (list, tuple)) else [] if configured is None else [configured]
+    return torch.tensor(sorted({eos, *extra}), dtype=torch.long)
+
+
 def left_padded(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str],
                 pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The texts' token ids left-padded with pad, and their attention mask: [rows, longest] each (padded here, so a
@@ -77,15 +87,16 @@ def sample_rollout(
     eos, pad = special_token_ids(tokenizer)
     arms = model.arms if isinstance(model, Qwen3Weights) else 1
     device = model.embed.device if isinstance(model, Qwen3Weights) else next(model.parameters()).device
+    stops = stop_ids(model, eos).to(device)
     ids, mask = left_padded(tokenizer, [p.prompt for p in problems], pad)
     prompt_ids = ids.repeat_interleave(group_size, dim=0).repeat(arms, 1)
     prompt_mask = mask.repeat_interleave(group_size, dim=0).repeat(arms, 1)
     generator = torch.Generator(device=device).manual_seed(seed)
 
     completion_ids, sampler_logps, finished = _decode(
-        model, arms, prompt_ids.to(device), prompt_mask.to(device), config, eos, pad, generator
+        model, arms, prompt_ids.to(device), prompt_mask.to(device), config, stops, pad, generator
     )
-    completion_mask = _completion_mask(completion_ids, eos)
+    completion_mask = _completion_mask(completion_ids, stops)
     completion_ids = completion_ids.masked_fill(~completion_mask, pad)
     texts = tokenizer.batch_decode(
         [ids[m].tolist() for ids, m in zip(completion_ids, completion_mask)], skip_special_tokens=True
@@ -106,8 +117,8 @@ def sample_rollout(
     )
 
 
-def _decode(model, arms, prompt_ids, prompt_mask, config, eos, pad, generator):
-    """The token loop: one cached forward per new token until every row has an EOS or the cap.
+def _decode(model, arms, prompt_ids, prompt_mask, config, stops, pad, generator):
+    """The token loop: one cached forward per new token until every row has a stop token or the cap.
 
     When at most half of the rows still decode, the finished ones leave the batch (the stacked decoder
     keeps the same number of rows in every arm); a row's draws do not depend on who else is decoding.
@@ -132,7 +143,7 @@ def _decode(model, arms, prompt_ids, prompt_mask, config, eos, pad, generator):
         token, logp = _pick(logits.float(), config, uniform)
         token = token.masked_fill(finished[active], pad)
         tokens[active, step], logps[active, step] = token, logp
-        finished[active] |= token == eos
+        finished[active] |= torch.isin(token, stops)
         if finished.all():
             return tokens[:, : step + 1], logps[:, : step + 1], finished
         keep = _rows_to_keep(finished, active, arms)
@@ -212,8 +223,8 @@ def _pick(logits: torch.Tensor, config: SamplingConfig, uniform: torch.Tensor):
     return token, logp_all.gather(-1, token.unsqueeze(-1)).squeeze(-1)
 
 
-def _completion_mask(completion_ids: torch.Tensor, eos: int) -> torch.Tensor:
-    """True up to and including the first EOS (everything, for a truncated row)."""
-    is_eos = completion_ids == eos
+def _completion_mask(completion_ids: torch.Tensor, stops: torch.Tensor) -> torch.Tensor:
+    """True up to and including the first stop token (everything, for a truncated row)."""
+    is_eos = torch.isin(completion_ids, stops)
     after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
     return ~after_eos
