@@ -446,6 +446,8 @@ def test_a_missing_local_model_folder_is_named_not_looked_up_on_the_hub(tmp_path
         ({"cell__advantage_estimator": "trie"}, "cell.advantage_estimator = 'trie'", "one of group, prefix_trie"),
         ({"cell__track_kl": "yes"}, "cell.track_kl = 'yes'", "true or false"),
         ({"kl_bound": {"seeds": 2}}, "kl_bound", "with an out_dir"),
+        ({"baseline": {"batch_size": 0}}, "baseline.batch_size = 0", "a positive integer"),
+        ({"baseline": {"batch": 8}}, "baseline.batch: unknown key", "batch_size"),
         ({"world__student": ""}, "world.student = ''", "a non-empty string"),
         ({"build_world": [1]}, "build_world = [1]", "a mapping"),
         ({"cell": [1]}, "cell = [1]", "a mapping with keys steps"),

@@ -707,6 +707,13 @@ def test_the_baseline_is_measured_once_per_world_and_evaluation_settings(root):
     (runs.parent / "key.json").write_text("{")
     assert baseline() == 4, "a damaged key cannot say what was measured, so the baseline is measured anew"
     assert baseline() == 4
+    data = yaml.safe_load((root / "params" / "tiny.yaml").read_text())
+    data["baseline"] = {"batch_size": 64}
+    (root / "params" / "tiny.yaml").write_text(yaml.safe_dump(data))
+    assert baseline() == 4, "the default batch, written out, is the same measurement"
+    data["baseline"] = {"batch_size": 8}
+    (root / "params" / "tiny.yaml").write_text(yaml.safe_dump(data))
+    assert baseline() == 5, "another batch draws other samples"
 
 
 @pytest.mark.parametrize("stage, section, key, values", [("baseline", "cell", "eval_max_new_tokens", (16, 9)),

@@ -40,7 +40,7 @@ from .config import REGIME_CHOICES, CellConfig, cell_name, parse_rank
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 TOP_REQUIRED = ("profile", "world", "matrix", "analysis")
-TOP_OPTIONAL = ("cell", "build_world", "data", "cluster", "kl_bound")
+TOP_OPTIONAL = ("cell", "build_world", "data", "cluster", "kl_bound", "baseline")
 MATRIX_KEYS = ("regimes", "ranks", "full_ft", "seeds", "learning_rate")
 MATRIX_OPTIONAL = ("steps",)
 DATA_REQUIRED = ("prompt_template",)  # a data section exists to say how MATH rows become prompts
@@ -58,6 +58,10 @@ ANALYSIS_SCHEMA: dict[str, Checker] = {
 }
 ANALYSIS_DEFAULTS: dict[str, Any] = {"compare_with": None, "methods": None, "choose_rate_by": "final",
                                      "replicates": None}
+# The capability baseline (paper Table 2): problems per sampling batch, each with max(ks) samples. Each batch draws
+# from seed + its start, so the batch is part of the result; a paper-sized model needs fewer than the mini world.
+BASELINE_SCHEMA: dict[str, Checker] = {"batch_size": positive_int}
+BASELINE_DEFAULTS: dict[str, Any] = {"batch_size": 64}
 COMPARISONS = ("compare_with", "methods")  # analysis keys that add a paper's comparison with other profiles
 STUDY_SETTINGS = ("equivalence_margin", "confidence")  # the analysis keys a study's own analysis notebook reads
 
@@ -137,6 +141,7 @@ class Profile:
     cell: dict[str, Any]  # every setting of section "cell": the profile's value or the schema default
     analysis: dict[str, Any]
     kl_bound: dict[str, Any] | None = None  # parameters of notebooks/kl_bound.py (Theorem 1 on Optdigits), if run
+    baseline: dict[str, Any] = field(default_factory=lambda: dict(BASELINE_DEFAULTS))  # the capability baseline's
 
     def cells(self) -> list[MatrixCell]:
         """All cells: regimes outer, then ranks ascending then FullFT, then learning rates, then seeds."""
@@ -363,6 +368,8 @@ class _Validator:
             cell=cell_defaults | self.schema("cell", data.get("cell", {}), cell_checks, cell_defaults),
             analysis=ANALYSIS_DEFAULTS | self.schema("analysis", data["analysis"], ANALYSIS_SCHEMA, ANALYSIS_DEFAULTS),
             kl_bound=kl_bound,
+            baseline=BASELINE_DEFAULTS | self.schema("baseline", data.get("baseline", {}), BASELINE_SCHEMA,
+                                                     BASELINE_DEFAULTS),
         ))
 
     def cells(self, profile: Profile) -> Profile:

@@ -19,7 +19,7 @@ from ..data.problem_sets import TRAIN_FILE
 from ..data.sources import MODEL_CONFIG
 from ..experiment import kl_bound
 from ..experiment.baseline import base_configs, base_eval_key
-from ..experiment.profiles import STUDY_SETTINGS, Profile, resolve_world_entry
+from ..experiment.profiles import BASELINE_DEFAULTS, STUDY_SETTINGS, Profile, resolve_world_entry
 from ..experiment.provenance import code_fingerprint, fingerprints, read_json, write_json_atomic
 from ..world.build import (
     COMPONENTS,
@@ -43,7 +43,7 @@ from .notebooks import execute_notebook, existing_notebook
 from .slurm import submit_matrix
 
 KEY_FILE = "key.json"  # what a stage folder measured (world fingerprints, settings, code): rerun when it differs
-BASELINE_BATCH = 64  # problems per sampling batch of the capability baseline (each with max(ks) samples)
+BASELINE_BATCH = BASELINE_DEFAULTS["batch_size"]  # the capability baseline's problems per sampling batch, by default
 
 
 def run_stage(notebook: Path, output: Path, parameters: dict[str, Any], root: Path) -> None:
@@ -156,11 +156,14 @@ def stage_baseline(profile: Profile, root: Path) -> None:
     evaluations = [base_eval_key(config) for config in base_configs(profile, out, root)]
     key = {"world": fingerprints(world), "settings": settings, "data": profile.data,
            "base_evaluations": evaluations}
+    batch = profile.baseline["batch_size"]
+    if batch != BASELINE_BATCH:  # in the key only where it differs: keys written before it was a setting hold
+        key["batch_size"] = batch
     if _holds_key(out, key):
         print(f"baseline: {out} measured this world already; skipped", file=sys.stderr)
         return
     parameters = {**{k: v for k, v in world.items() if k != "control"}, **settings, **profile.data, "out_dir": str(out),
-                  "profile": str(profile.path), "root": str(root), "batch_size": BASELINE_BATCH,
+                  "profile": str(profile.path), "root": str(root), "batch_size": batch,
                   "answer_format": profile.cell["answer_format"]}  # in the key through the base evaluations
     print(f"baseline: notebooks/capability_baseline.py -> {out}", file=sys.stderr)
     _run_keyed(root / "notebooks" / "capability_baseline.py", out / "capability_baseline.ipynb", parameters, root, key)
