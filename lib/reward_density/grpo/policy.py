@@ -96,7 +96,10 @@ class Policy:
         Merged, each linear layer is one matmul per token instead of three in the transformers
         forward; the Qwen3 sampling decoder (qwen3.py) reads the merged weights as they are. Unmerging
         subtracts B @ A again, which leaves round-off in the frozen base, so the base weights are
-        restored exactly from a copy. A bf16 base is not merged: rounding would swallow small updates.
+        restored exactly from a copy. A bf16 base is not merged: unmerging would leave bf16 rounding in the frozen
+        base. The Qwen3 decoder then folds each adapter into a bf16 copy of the weights (qwen3.effective_weight),
+        where an update below bf16's resolution at the weight's size is rounded away while sampling (README,
+        precision options).
         """
         layers = self._lora_layers
         if not layers or any(layer.get_base_layer().weight.dtype != torch.float32 for layer in layers):
