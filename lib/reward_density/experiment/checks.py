@@ -52,6 +52,16 @@ def non_negative_int(value: Any) -> int:
     return value
 
 
+SEED_LIMIT = 2**32  # a cell seeds each step with seed * 1,000,003 + step, which must fit torch's 64-bit seed
+
+
+def seed_number(value: Any) -> int:
+    """A seed: an integer from 0 to 2**32 - 1 (bool excluded)."""
+    if not is_int(value) or not 0 <= value < SEED_LIMIT:
+        raise InvalidValue(f"an integer from 0 to {SEED_LIMIT - 1} (a seed)")
+    return value
+
+
 def int_at_least_two(value: Any) -> int:
     """An integer >= 2 (a group needs two samples to have a spread)."""
     if not is_int(value) or value < 2:

@@ -36,6 +36,7 @@ from .checks import (
     positive_number,
     probability,
     prompt_template,
+    seed_number,
     string_list,
     top_p_number,
     torch_device,
@@ -102,7 +103,7 @@ class CellConfig:
                           + "; or sft, the control")
     rank: int | None = setting(check=optional(positive_int), section="matrix",
                                doc="LoRA rank; None is full fine-tuning (written 'full')")
-    seed: int = setting(check=non_negative_int, section="matrix",
+    seed: int = setting(check=seed_number, section="matrix",
                         doc="seeds the adapter initialisation, the problem order and the sampling")
     learning_rate: float = setting(check=positive_number, section="matrix",
                                    doc="AdamW learning rate (matrix.learning_rate of the arm; a list: one per rank)")

@@ -28,11 +28,11 @@ from .checks import (
     boolean,
     label_mapping,
     non_empty_string,
-    non_negative_int,
     one_of,
     open_unit_number,
     positive_int,
     positive_number,
+    seed_number,
 )
 from .config import REGIME_CHOICES, CellConfig, cell_name, parse_rank
 
@@ -442,8 +442,8 @@ class _Validator:
         """Each regime's seeds: one list for every regime, or a mapping of regime to its own list."""
         if isinstance(value, dict):
             self.mapping("matrix.seeds", value, regimes)
-            return {r: self.unique_list(f"matrix.seeds.{r}", value[r], non_negative_int) for r in regimes}
-        seeds = self.unique_list("matrix.seeds", value, non_negative_int)
+            return {r: self.unique_list(f"matrix.seeds.{r}", value[r], seed_number) for r in regimes}
+        seeds = self.unique_list("matrix.seeds", value, seed_number)
         return {r: seeds for r in regimes}
 
     def arm_rates(self, key: str, value: Any, full_ft: bool) -> dict[str, tuple[float, ...]]:
