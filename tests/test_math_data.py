@@ -236,6 +236,21 @@ def test_unparsable_golds_lists_the_bad_ones_once_without_raising(checker):
     assert checker.check(["18"], [r"\boxed{18}"]) == [Verdict.CORRECT], "the checker broke after bad golds"
 
 
+def test_golds_math_verify_reads_only_as_text_are_named_apart_from_those_it_reads_as_math(checker):
+    golds = ["18", r"\frac{1}{", r"0.\overline{3}", r"\text{(C)}", "}{", r"\frac{1}{"]
+    assert checker.text_only_golds(golds) == [r"\frac{1}{", r"0.\overline{3}"]
+    assert checker.unparsable_golds(golds) == ["}{"], "a gold read as text is still parsed"
+
+
+def test_a_math_set_keeps_its_text_only_golds_and_says_so(tmp_path, checker):
+    rows = [*MATH500_ROWS, {**MATH500_ROWS[0], "answer": r"\frac{1}{", "unique_id": "test/algebra/9.json"}]
+    path, said = write_jsonl(tmp_path / "math500" / "test.jsonl", rows), []
+    problems = heldout_problems("MATH", str(path), "{problem}", None, checker, log=said.append)
+    assert [p.problem_id for p in problems][-1] == "test/algebra/9.json", "a text-only gold is kept"
+    assert any("1 problem(s) whose gold math-verify reads only as its text" in line and "test/algebra/9.json" in line
+               for line in said), said
+
+
 def test_drop_unparsable_drops_golds_math_verify_cannot_parse_and_keeps_the_rest(checker):
     answers = [r"\frac{1}{2}", "}{", "18", "}", r"2\sqrt{113}"]
     problems = [Problem(f"p{i}", "prompt", answer) for i, answer in enumerate(answers)]

@@ -283,6 +283,17 @@ def test_a_problem_without_a_text_prompt_or_a_gold_answer_is_refused_naming_its_
         message
 
 
+def test_a_mini_gold_math_verify_reads_only_as_text_stops_the_load(tmp_path):
+    folder = tmp_path / "problems"
+    folder.mkdir()
+    rows = [{"problem_id": f"p{i}", "prompt": f"{i} + 1 =", "answer": str(i + 1)} for i in range(3)]
+    rows[2]["answer"] = r"\frac{1}{"  # a malformed gold: every arm would fail the problem, unseen
+    (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with AnswerChecker() as checker, pytest.raises(ValueError, match=r"cannot read the gold answer of 1 problem\(s\) "
+                                                                     r"\(p2: '\\\\frac\{1\}\{'\)"):
+        training_problems(str(folder), None, None, checker)
+
+
 def test_a_gold_the_checker_cannot_read_stops_the_load_naming_its_file_and_problem(tmp_path):
     folder = tmp_path / "problems"
     folder.mkdir()

@@ -120,7 +120,19 @@ def _worker_main(conn) -> None:
             return
         kind, payload = message
         for entry in payload:
-            conn.send(bool(parse_gold(entry)) if kind == "golds" else check(*entry))
+            conn.send(_reading(parse_gold(entry)) if kind == "golds" else check(*entry))
+
+
+# How math-verify reads a gold: not at all, only as its text (a malformed `\frac{1}{`, but also a repeating
+# decimal `0.\overline{3}`: an answer then matches only written the same way), or as mathematics.
+UNREAD, TEXT_ONLY, READ = 0, 1, 2
+
+
+def _reading(parsed: list) -> int:
+    """UNREAD, TEXT_ONLY or READ for math-verify's parse of a gold."""
+    if not parsed:
+        return UNREAD
+    return TEXT_ONLY if all(isinstance(item, str) for item in parsed) else READ
 
 
 class AnswerChecker:
@@ -183,6 +195,13 @@ class AnswerChecker:
         with self._lock:
             return self._unparsable_golds(list(dict.fromkeys(golds)))
 
+    def text_only_golds(self, golds: Sequence[str]) -> list[str]:
+        """The distinct golds math-verify reads only as their text, in order: an answer matches one only when written
+        the same way."""
+        distinct = list(dict.fromkeys(golds))
+        with self._lock:
+            return [gold for gold, reading in zip(distinct, self._gold_readings(distinct)) if reading == TEXT_ONLY]
+
     def _check_golds(self, golds: list[str]) -> None:
         # Before any completion is checked, so a bad gold costs no finished work.
         bad = self._unparsable_golds(golds)
@@ -193,19 +212,21 @@ class AnswerChecker:
             )
 
     def _unparsable_golds(self, golds: list[str]) -> list[str]:
-        bad: list[str] = []
-        done = 0
-        while done < len(golds):
-            replies, failure = self._request("golds", golds[done:])
-            bad += [gold for gold, ok in zip(golds[done:], replies) if not ok]
-            done += len(replies)
+        return [gold for gold, reading in zip(golds, self._gold_readings(golds)) if reading == UNREAD]
+
+    def _gold_readings(self, golds: list[str]) -> list[int]:
+        """How math-verify reads each gold (_reading); UNREAD where it hung or crashed on one."""
+        readings: list[int] = []
+        while len(readings) < len(golds):
+            replies, failure = self._request("golds", golds[len(readings):])
+            readings += replies
             if failure is not None:  # the worker was lost on this gold; resume after it
-                gold, done = golds[done], done + 1
+                gold, reading = golds[len(readings)], UNREAD
                 if failure is Verdict.TIMEOUT:  # a slow parse on a busy machine must not drop a problem
                     replies, failure = self._request("golds", [gold], _GOLD_SECONDS)
-                if failure is not None or not replies[0]:
-                    bad.append(gold)
-        return bad
+                    reading = replies[0] if failure is None else UNREAD
+                readings.append(reading)
+        return readings
 
     def _request(self, kind: str, payload: list, timeout_seconds: float | None = None) -> tuple[list, Verdict | None]:
         """Send a batch; return the replies received and, if the worker hung (each entry may take timeout_seconds,
@@ -286,6 +307,11 @@ class LastIntegerChecker:
     def unparsable_golds(self, golds: Sequence[str]) -> list[str]:
         """The distinct golds that are not integers (commas only between thousands, as answers read), in order."""
         return [gold for gold in dict.fromkeys(golds) if not _INTEGER.fullmatch(_plain(gold))]
+
+    @staticmethod
+    def text_only_golds(golds: Sequence[str]) -> list[str]:
+        """None: an integer gold is read as a number or not at all (the AnswerChecker interface)."""
+        return []
 
     def close(self) -> None:
         """Nothing to stop (the AnswerChecker interface)."""

@@ -69,9 +69,11 @@ def without_heldout(train: list[Problem], heldout: Sequence[Problem], log: Calla
 
 
 def _readable(problems: list[Problem], source: Path, checker: Checker) -> list[Problem]:
-    """A mini-world file's problems, refused when the checker cannot read a gold: at load, before any work, rather
-    than at the step that first samples the problem."""
-    bad = set(checker.unparsable_golds([problem.answer for problem in problems]))
+    """A mini-world file's problems, refused when the checker cannot read a gold as a number (its golds are numbers;
+    math-verify reads a malformed one such as `\\frac{1}{` as its text alone): at load, before any work, rather
+    than at the step that first samples the problem, or never, as a problem every arm fails."""
+    golds = [problem.answer for problem in problems]
+    bad = set(checker.unparsable_golds(golds)) | set(checker.text_only_golds(golds))
     named = [f"{problem.problem_id}: {problem.answer!r}" for problem in problems if problem.answer in bad]
     if named:
         raise ValueError(f"{source}: the checker cannot read the gold answer of {len(named)} problem(s) "
@@ -87,7 +89,15 @@ def _math_problems(source, split, prompt_template, subsets, checker, log) -> lis
     kept, dropped = drop_unparsable(found, checker)
     log(report.with_unparsable(len(dropped)).describe())
     if dropped:
-        shown = ", ".join(f"{p.problem_id}: {p.answer!r}" for p in dropped[:5])
-        log(f"  dropped {len(dropped)} problem(s) whose gold answer math-verify cannot parse ({shown}"
-            f"{', ...' if len(dropped) > 5 else ''})")
+        log(f"  dropped {len(dropped)} problem(s) whose gold answer math-verify cannot parse ({_shown(dropped)})")
+    text_only = set(checker.text_only_golds([problem.answer for problem in kept]))
+    if text_only:
+        as_text = [problem for problem in kept if problem.answer in text_only]
+        log(f"  {len(as_text)} problem(s) whose gold math-verify reads only as its text, kept: an answer is correct "
+            f"only written the same way ({_shown(as_text)})")
     return kept
+
+
+def _shown(problems: list[Problem]) -> str:
+    """Up to five problems' ids and golds, for a log line."""
+    return ", ".join(f"{p.problem_id}: {p.answer!r}" for p in problems[:5]) + (", ..." if len(problems) > 5 else "")
