@@ -164,6 +164,15 @@ def test_only_what_the_stacked_engine_reproduces_is_accepted(model):
             check_stackable(model, [bad])
 
 
+@pytest.mark.parametrize("setting, value", [("hidden_act", "gelu_pytorch_tanh"), ("attention_dropout", 0.3)])
+def test_a_student_the_stacked_forward_would_not_reproduce_is_refused(tiny_tokenizer, setting, value):
+    # its forward always applies SiLU and no dropout, where peft's training forward would apply the model's own
+    student = build_qwen3(len(tiny_tokenizer), seed=0)
+    setattr(student.config, setting, value)
+    with pytest.raises(ValueError, match="plain Qwen3 student without dropout"):
+        check_stackable(student, CONFIGS)
+
+
 @pytest.mark.parametrize("beta, track_kl, scored", [(0.0, False, False), (0.0, True, True), (0.05, False, True)])
 def test_the_reference_pass_runs_only_for_a_kl_penalty_or_tracked_kl(model, tiny_tokenizer, monkeypatch, beta,
                                                                       track_kl, scored):

@@ -102,8 +102,8 @@ def weights_of(model: torch.nn.Module) -> Qwen3Weights:
 
 
 def supports(model: torch.nn.Module) -> bool:
-    """Whether this forward reproduces the model: a Qwen3 with full attention, plain rotary embedding and no
-    biases, no forward hooks that could change a value (it bypasses module calls) and no dropout in force."""
+    """Whether this forward reproduces the model: a Qwen3 with full attention, plain rotary embedding, SiLU MLPs
+    and no biases, no forward hooks that could change a value (it bypasses module calls) and no dropout in force."""
     lm = causal_lm_of(model)
     if not isinstance(lm, Qwen3ForCausalLM):
         return False
@@ -113,11 +113,18 @@ def supports(model: torch.nn.Module) -> bool:
     return (
         not getattr(config, "use_sliding_window", False)
         and not getattr(config, "attention_bias", False)
+        and config.hidden_act == "silu"
         and rope.get("rope_type", "default") == "default"
         and lm.model.rotary_emb.attention_scaling == 1.0
         and not any(_value_hooks(m) for m in modules)
-        and not (lm.training and any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in modules))
+        and not (lm.training and has_dropout(lm))
     )
+
+
+def has_dropout(model: torch.nn.Module) -> bool:
+    """Whether the model drops anything in train mode: a Dropout module, or attention's own dropout rate."""
+    return bool(getattr(causal_lm_of(model).config, "attention_dropout", 0.0)) or any(
+        isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
 
 
 # transformers' and peft's hook on the input embeddings under gradient checkpointing: it marks their output as

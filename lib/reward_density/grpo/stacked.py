@@ -21,7 +21,7 @@ from peft.tuners.lora import LoraLayer
 from .logprobs import token_logprobs
 from .packing import pack
 from .policy import Policy, PolicyConfig
-from .qwen3 import LINEARS, NORMS, Qwen3Weights, forward, supports, weights_of
+from .qwen3 import LINEARS, NORMS, Qwen3Weights, forward, has_dropout, supports, weights_of
 from .rollout import Rollout
 
 LINEAR_NAMES = [name for names in LINEARS.values() for name in names]
@@ -29,8 +29,9 @@ LINEAR_NAMES = [name for names in LINEARS.values() for name in names]
 
 def check_stackable(base: torch.nn.Module, configs: Sequence[PolicyConfig]) -> None:
     """Raise ValueError naming what the stacked engine cannot do for these arms."""
-    if not supports(base):
-        raise ValueError("the stacked engine needs a plain Qwen3 student (use engine: peft for other models)")
+    if not supports(base) or has_dropout(base):  # the base is checked in eval mode; the arms train
+        raise ValueError("the stacked engine needs a plain Qwen3 student without dropout (use engine: peft for other "
+                         "models)")
     for config in configs:
         if config.precision != "fp32" or config.dropout or config.gradient_checkpointing:
             raise ValueError(f"the stacked engine runs fp32 without LoRA dropout or checkpointing; got {config}")
