@@ -84,6 +84,8 @@ def test_an_unreachable_model_or_dataset_stops_the_run_before_any_cell(root, tmp
     error = capsys.readouterr().err
     assert "world.prm = 'peiyi9979/math-shepherd-mistral-7b-prm'" in error, error
     assert "world.heldout" in error and "no-such-MATH-500" in error, error
+    assert "(read as a hub id; a local folder is written ./peiyi9979/math-shepherd-mistral-7b-prm)" in error, error
+    assert error.count("read as a hub id") == 1, "a local path is not read as a hub id"
     written = [path for path in (tmp_path / "outputs").rglob("*") if path.is_file() and path.name != LOCK_FILE]
     assert not written, f"work started although the world cannot be reached: {written}"
 

@@ -93,8 +93,12 @@ def _problem(key: str, source: str, data: dict[str, Any], no_hub: str | None) ->
     """Why this entry cannot be loaded, or None; a hub id is not tried when the hub does not answer (no_hub: why):
     the loaders would retry the hub for minutes."""
     if no_hub and _is_hub_id(source):
-        return f"world.{key} = {source!r}: {no_hub}, and the local cache lacks it"
-    return _model_problem(key, source) if key in MODELS else _dataset_problem(key, source, data)
+        problem = f"world.{key} = {source!r}: {no_hub}, and the local cache lacks it"
+    else:
+        problem = _model_problem(key, source) if key in MODELS else _dataset_problem(key, source, data)
+    if problem and _is_hub_id(source):  # `models/x` reads as the hub's owner/name, not a folder
+        problem += f" (read as a hub id; a local folder is written ./{source})"
+    return problem
 
 
 def check_world(world: dict[str, str], data: dict[str, Any]) -> None:
