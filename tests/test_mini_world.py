@@ -139,6 +139,8 @@ def test_the_manifest_records_settings_accuracies_sizes_and_commit(world):
         assert 0 <= components[name]["accuracy"] <= 1 and components[name]["parameters"] > 0
     assert {"accuracy", "majority_baseline", "steps"} <= set(components["prm"]["heldout"])
     assert manifest["config"]["seed"] == 0 and "commit" in manifest["git"]
+    assert all(component["git"] == manifest["git"] for component in components.values()), "each records its code"
+    assert {components[name]["threads"] for name in ("student", "teacher", "prm")} == {1}, "built on one thread"
 
 
 def test_a_built_world_loads_back_through_from_pretrained(world):

@@ -490,6 +490,18 @@ def test_a_bad_build_world_setting_is_named_before_any_stage_runs(root, capsys, 
     assert f"tiny.yaml: {said}" in error, error
 
 
+def test_a_mini_world_read_as_math_data_is_named_before_any_stage_runs(root, capsys):
+    data = yaml.safe_load((root / "params" / "tiny.yaml").read_text())
+    data["data"] = {"prompt_template": "Solve: {problem}"}
+    (root / "params" / "tiny.yaml").write_text(yaml.safe_dump(data))
+    problems = root / "outputs" / "smoke" / "world" / "problems" / "train.jsonl"
+    problems.write_text('{"problem_id": "p0", "prompt": "1 + 1 =", "answer": "2"}\n')
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "baseline"]) == 2
+    error = capsys.readouterr().err
+    assert "is a mini-world problems folder (train.jsonl of prompts), which data.prompt_template would read as a " \
+           "MATH-schema dataset" in error, error
+
+
 def test_a_profile_that_checks_answers_in_another_format_than_its_worlds_task_is_refused(root, capsys):
     data = yaml.safe_load((root / "params" / "tiny.yaml").read_text())
     data["build_world"]["size"] = "smoke_mult"  # last-integer answers; the profile keeps the boxed default

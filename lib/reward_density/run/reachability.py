@@ -7,6 +7,7 @@ at all is told so by one request first: the datasets library's retries would tak
 """
 from __future__ import annotations
 
+import json
 import sys
 import urllib.error
 import urllib.request
@@ -41,6 +42,9 @@ def _dataset_problem(key: str, source: str, data: dict[str, Any]) -> str | None:
     path = Path(source).expanduser()
     if path.is_file():
         return None
+    if _mini_world_folder(path):
+        return (f"world.{key} = {source!r} is a mini-world problems folder ({TRAIN_FILE} of prompts), which "
+                "data.prompt_template would read as a MATH-schema dataset: leave out the data section for a mini world")
     try:
         import datasets
 
@@ -50,6 +54,16 @@ def _dataset_problem(key: str, source: str, data: dict[str, Any]) -> str | None:
     except Exception as error:
         return f"world.{key} = {source!r}: {_first_line(error)}"
     return None
+
+
+def _mini_world_folder(path: Path) -> bool:
+    """Whether a folder holds the mini world's problems: a train.jsonl whose rows are prompts, not MATH problems."""
+    try:
+        with (path / TRAIN_FILE).open() as handle:
+            row = json.loads(handle.readline())
+    except (OSError, ValueError):
+        return False
+    return isinstance(row, dict) and "prompt" in row and "problem" not in row
 
 
 def _first_line(error: Exception) -> str:

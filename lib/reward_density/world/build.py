@@ -30,7 +30,7 @@ from ..data.answer_check import Checker, make_checker
 from ..data.problems import Problem, read_problems, write_problems
 from ..data.sources import load_causal_lm, load_tokenizer
 from ..experiment.evaluation import greedy_eval
-from ..experiment.provenance import manifest, read_json, write_json_atomic
+from ..experiment.provenance import code_state, manifest, read_json, write_json_atomic
 from ..grpo.sampler import SAMPLING_VERSION
 from ..rewards.process import PRMScorer
 from .architectures import ModelSpec, n_parameters, new_mistral, new_qwen3
@@ -515,7 +515,7 @@ def build_world(config: WorldConfig, out_dir: Path, force: bool = False, log: Ca
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     todo = COMPONENTS if force else stale_components(config, out_dir)
-    keys = component_keys(config)
+    keys, code = component_keys(config), code_state()  # the code this build started with, as a cell's
     components = {n: v for n, v in read_manifest(out_dir).get("components", {}).items() if n in COMPONENTS}
     _check_recorded_accuracies(config, {n: v for n, v in components.items() if n not in todo})
     for stage in STAGES:
@@ -528,20 +528,24 @@ def build_world(config: WorldConfig, out_dir: Path, force: bool = False, log: Ca
             # under the old key (which a return to the old settings would call up to date).
             for name in names:
                 components.pop(name, None)
-            _write_manifest(config, components, out_dir)
+            _write_manifest(config, components, out_dir, code)
             for name in names:
                 shutil.rmtree(out_dir / name, ignore_errors=True)
         built, errors = _build_stage(names, config, out_dir)
         for name, (info, seconds) in built.items():
-            components[name] = {"key": keys[name], "seconds": round(seconds, 1), **info}
+            # Each component's own code and threads: a later partial rebuild rewrites the manifest's top-level
+            # record, which then describes the last build, not the components it left alone.
+            threads = torch.get_num_threads() if name in IN_PROCESS else 1
+            components[name] = {"key": keys[name], "seconds": round(seconds, 1), "git": code["git"],
+                                "threads": threads, **info}
             log(f"[world] {name}: built in {components[name]['seconds']} s")
         if built:
-            _write_manifest(config, components, out_dir)
+            _write_manifest(config, components, out_dir, code)
         if errors:
             raise errors[0]
     return read_manifest(out_dir)
 
 
-def _write_manifest(config: WorldConfig, components: dict[str, dict], out_dir: Path) -> None:
+def _write_manifest(config: WorldConfig, components: dict[str, dict], out_dir: Path, code: dict[str, Any]) -> None:
     """manifest.json: the settings, and the components the folder holds as built."""
-    write_json_atomic(out_dir / "manifest.json", manifest(config=asdict(config), components=components))
+    write_json_atomic(out_dir / "manifest.json", manifest(code=code, config=asdict(config), components=components))
