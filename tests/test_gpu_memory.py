@@ -66,6 +66,13 @@ def test_an_fp32_cell_holds_its_caches_and_activations_at_four_bytes_a_value():
         assert full[part] == pytest.approx(2 * mixed[part]), f"{part}: counted at 2 bytes a value in fp32"
 
 
+def test_a_bf16_fullft_cell_caches_fp32_keys_beside_bf16_values_and_a_lora_cell_bf16_both():
+    cell = load_profile(REPO_ROOT / "params" / "paper.yaml").cell
+    full, lora = student_memory(cell, None), student_memory(cell, 1)
+    for part in ("KV cache while sampling", "KV cache while evaluating"):
+        assert full[part] == pytest.approx(1.5 * lora[part]), f"{part}: FullFT's fp32 keys (its k_norm is fp32)"
+
+
 def test_an_fp32_lora_cell_holds_a_copy_of_the_base_while_sampling_and_its_fp32_logits_are_not_copied():
     cell = load_profile(REPO_ROOT / "params" / "paper.yaml").cell | {"precision": "fp32"}
     lora, full = student_memory(cell, 1), student_memory(cell, None)

@@ -60,9 +60,11 @@ class DecoderShape:
         """LoRA A and B of every linear layer of every decoder layer (the LM head is not adapted)."""
         return self.layers * sum(rank * (a + b) for a, b in self.linears())
 
-    def kv_cache_bytes(self, tokens: int, value_bytes: int = BF16) -> int:
-        """Keys and values of every layer for `tokens` positions, value_bytes each (bf16 unless given)."""
-        return tokens * self.layers * 2 * self.kv_heads * self.head_dim * value_bytes
+    def kv_cache_bytes(self, tokens: int, value_bytes: int = BF16, key_bytes: int | None = None) -> int:
+        """Keys and values of every layer for `tokens` positions: value_bytes each (bf16 unless given), keys
+        key_bytes where they differ."""
+        key_bytes = value_bytes if key_bytes is None else key_bytes
+        return tokens * self.layers * self.kv_heads * self.head_dim * (key_bytes + value_bytes)
 
 
 # Published config.json values of the paper's models.
@@ -120,11 +122,14 @@ def student_memory(cell: dict[str, Any], rank: int | None, shape: DecoderShape =
     # them exactly (grpo/policy.py, Policy.sampling).
     sampler_weights = _bf16_copy(shape, with_head=rank is None) if mixed else \
         0 if rank is None else shape.linear_weights() * FP32
-    sampling = {"KV cache while sampling": shape.kv_cache_bytes(rows * (prompt + completion), values),
+    # FullFT's fp32 k_norm weight promotes the keys to fp32 under autocast (as in transformers' own forward), so
+    # its cache holds fp32 keys beside bf16 values.
+    keys = FP32 if rank is None and shape.qk_norm else values
+    sampling = {"KV cache while sampling": shape.kv_cache_bytes(rows * (prompt + completion), values, keys),
                 "weights as the sampler reads them": sampler_weights}
     evaluating = {
         "KV cache while evaluating": shape.kv_cache_bytes(
-            cell["eval_batch_size"] * (prompt + cell["eval_max_new_tokens"]), values)
+            cell["eval_batch_size"] * (prompt + cell["eval_max_new_tokens"]), values, keys)
     }
     # Sampling, evaluating and the backward happen one after another: only the largest phase counts.
     step = sum(persistent.values()) + max(sum(backward.values()), sum(sampling.values()))
