@@ -35,9 +35,9 @@ from .checks import (
     seed_number,
 )
 from .config import REGIME_CHOICES, CellConfig, cell_name, parse_rank
+from .provenance import CODE_ROOT
 
-# The checkout holding params/, notebooks/ and outputs/ (the package is installed editable from lib/).
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = CODE_ROOT  # the checkout holding params/, notebooks/ and outputs/ (the package is installed editable)
 
 TOP_REQUIRED = ("profile", "world", "matrix", "analysis")
 TOP_OPTIONAL = ("cell", "build_world", "data", "cluster", "kl_bound", "baseline")

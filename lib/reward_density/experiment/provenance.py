@@ -24,7 +24,7 @@ def _git(cwd: Path | str | None, *args: str, env: dict[str, str] | None = None) 
     return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=True).stdout.strip()
 
 
-CODE_ROOT = Path(__file__).resolve().parents[3]  # the checkout this library was loaded from (lib/reward_density/...)
+CODE_ROOT = Path(__file__).resolve().parents[3]  # the checkout the library was loaded from (lib/reward_density/...)
 
 
 def git_state(cwd: Path | None = None, root: Path | None = None) -> dict[str, Any]:
