@@ -131,19 +131,23 @@ async def _execute(lab: Lab, kernel_id: str, sources: list[str]) -> list[dict]:
             "content": {"code": source, "silent": False, "store_history": True, "user_expressions": {},
                         "allow_stdin": False, "stop_on_error": True},
         }))
-        while True:
+        # The reply comes on the shell channel and the outputs on iopub, in no set order between them: a cell is
+        # done when both its reply and iopub's "idle" for it have arrived (on a busy machine outputs came after).
+        replied = idle = False
+        while not (replied and idle):
             message = json.loads(await asyncio.wait_for(socket_.read_message(), timeout=300))
             if message.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             kind = message["header"]["msg_type"]
             if kind in ("stream", "display_data", "execute_result", "error"):
                 outputs.append(message)
+            idle = idle or (kind == "status" and message["content"]["execution_state"] == "idle")
             if kind == "execute_reply":
                 content = message["content"]
                 if content["status"] != "ok":
                     raise AssertionError(f"cell failed in the server's kernel: {content.get('ename')}: "
                                          f"{content.get('evalue')}\n{source[:300]}")
-                break
+                replied = True
     socket_.close()
     return outputs
 
