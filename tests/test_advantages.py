@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from reward_density.grpo.advantages import compute_advantages, is_dense
+from reward_density.grpo.deposits import Deposits
 
 EPS = 1e-4
 
@@ -123,3 +124,12 @@ def test_batch_that_does_not_split_into_groups_is_refused():
     rewards, deposits, valid = outcome_like(1)
     with pytest.raises(ValueError, match="groups of 5"):
         compute_advantages(rewards, deposits, valid, group_size=5, eps=EPS)
+
+
+@pytest.mark.parametrize("rewards, deposits, trajectory, said", [
+    (torch.tensor([[1.0, 0.0]]), torch.tensor([[False, True]]), torch.tensor([1.0]), "0 wherever deposit_mask"),
+    (torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.bool), torch.zeros(3), "trajectory"),
+], ids=["a-reward-off-its-deposits", "trajectory-rewards-of-another-shape"])
+def test_deposits_a_reward_module_got_wrong_are_refused(rewards, deposits, trajectory, said):
+    with pytest.raises(ValueError, match=said):
+        Deposits(rewards, deposits, trajectory)

@@ -81,6 +81,8 @@ def write_rows(path, rows):
         (r"the answer is \boxed 5.", "5"),
         (r"the answer is \boxed 3.5, so", "3.5"),
         (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),
+        (r"\boxed{\left\{ x \right.}", r"\left\{ x \right."),
+        (r"\boxed5", None),
         (r"\boxed{\frac{1}{2}", None),
         (r"\boxed{1} and then \boxed{2", None),
         ("the answer is 3", None),
@@ -88,6 +90,7 @@ def write_rows(path, rows):
     ],
     ids=["nested", "last-of-several", "fbox", "fbox-after-boxed", "brace-less",
          "brace-less-then-a-full-stop", "brace-less-decimal-then-a-comma", "escaped-braces",
+         "an-unmatched-escaped-brace", "no-space-no-brace",
          "unclosed", "last-unclosed", "none", "not-a-box-command"],
 )
 def test_last_boxed_takes_the_brace_matched_content_of_the_last_box(text, expected):

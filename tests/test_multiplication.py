@@ -43,6 +43,7 @@ def test_splits_are_distinct_disjoint_products_and_too_many_is_an_error():
     ("between 1600-1692", Verdict.CORRECT),  # a dash after a digit is no minus sign
     ("1692.0", Verdict.CORRECT),
     ("about 1691.5", Verdict.WRONG),  # a decimal is no integer: its fraction's digits are not the answer
+    ("about 1692.5", Verdict.WRONG),  # nor is its whole part the answer
     ("1692, 5.1692", Verdict.WRONG),
 ])
 def test_the_answer_is_the_last_number(completion, verdict):
@@ -56,6 +57,7 @@ def test_a_negative_last_integer_keeps_its_sign():
 def test_only_a_comma_between_thousands_is_removed():
     assert LastIntegerChecker().check(["-3", "1234567"], ["x = 5,-3", "1,234,567"]) == [Verdict.CORRECT] * 2
     assert last_number("12,34") == 34, "a comma not followed by three digits separates two numbers"
+    assert last_number("5,1234") == 1234, "nor does one followed by four"
 
 
 def test_a_gold_that_is_not_an_integer_and_an_unknown_format_are_refused():

@@ -54,6 +54,11 @@ def test_the_variance_is_the_two_way_anova_estimate_computed_by_hand():
     assert (result.ci_low, result.ci_high) == pytest.approx((grand - half, grand + half), rel=1e-12)
 
 
+def test_at_the_variance_floor_the_degrees_of_freedom_are_the_residuals():
+    # seeds and problems explain nothing here, so the floor (the residual mean square) applies, with its df
+    assert variance_of_mean(np.array([[1.0, -1.0], [-1.0, 1.0]])) == (1.0, 1.0)
+
+
 def test_one_seed_gives_no_interval_because_the_spread_between_training_runs_is_unknown():
     # Over problems alone, one run's interval would claim far more than it knows about a new run.
     with pytest.raises(ValueError, match="one seed: the spread between training runs cannot be estimated"):

@@ -186,6 +186,22 @@ def test_replay_restarts_from_a_prefix_of_a_stored_success_or_failure(tiny_token
     assert len({p.problem_id for p in drawn}) == 3
 
 
+def test_each_stored_completion_keeps_the_problem_its_group_answered(tiny_tokenizer):
+    a, b = Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 1 + 3 = ?\n", "4")
+    rollout = rollout_from_text(tiny_tokenizer, [a, a, b, b], ["7", "8", "4", "5"], group_size=2)
+    buffer = ReplayBuffer(ReplayConfig(threshold=0.0, successes=4, failures=0), seed=0)
+    buffer.add([a, b], rollout, torch.ones(4), tiny_tokenizer.eos_token_id)
+    assert [stored.problem.problem_id for stored in buffer.successes] == ["a", "a", "b", "b"]
+
+
+def test_an_empty_stored_completion_restarts_from_the_bare_prompt(tiny_tokenizer):
+    problem = Problem("p", "Problem: 3 + 4 = ?\n", "7")
+    buffer = ReplayBuffer(ReplayConfig(threshold=1.0, successes=1, failures=0), seed=0)
+    buffer.add([problem], rollout_of(tiny_tokenizer, problem, [""]), torch.ones(1), tiny_tokenizer.eos_token_id)
+    (drawn,) = buffer.draw(tiny_tokenizer)
+    assert drawn.prompt == problem.prompt and drawn.prefix == "", "the cut may fall before the first token"
+
+
 def test_a_restarted_completion_is_scored_whole_when_its_answer_began_before_the_restart(tiny_tokenizer):
     # The paper restarts generation from the partial sequence: what is scored is prefix + continuation.
     kept = "3 + 4 = 7\nAnswer: \\boxed{"
