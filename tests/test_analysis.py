@@ -119,7 +119,7 @@ def _blank_last_verdict(path):
     (lambda f: (f / "summary.json").write_text("{}"), r"summary\.json lacks \['regime', 'seed'\]"),
     (lambda f: _truncate(f / "answers.csv", 25), r"answers\.csv holds \{0: 10, 2: 10, 4: 4\} answers per step"),
     (lambda f: (f / "answers.csv").write_text(""), r"answers\.csv does not parse as CSV"),
-    (lambda f: _blank_last_verdict(f / "answers.csv"), r"answers\.csv has a verdict nan that is neither 0/1"),
+    (lambda f: _blank_last_verdict(f / "answers.csv"), r"answers\.csv has a verdict nan that is neither"),
     (lambda f: _truncate(f / "history.csv", 3), r"history\.csv has 2 rows, summary\.json says 4 steps"),
     (lambda f: (f / "evals.csv").unlink(), r"No such file.*evals\.csv"),
 ], ids=["summary-cut", "summary-empty", "answers-cut", "answers-empty", "verdict-blank", "history-cut", "evals-missing"])
