@@ -122,7 +122,8 @@ def _blank_last_verdict(path):
     (lambda f: _blank_last_verdict(f / "answers.csv"), r"answers\.csv has a verdict nan that is neither"),
     (lambda f: _truncate(f / "history.csv", 3), r"history\.csv has 2 rows, summary\.json says 4 steps"),
     (lambda f: (f / "evals.csv").unlink(), r"No such file.*evals\.csv"),
-], ids=["summary-cut", "summary-empty", "answers-cut", "answers-empty", "verdict-blank", "history-cut", "evals-missing"])
+], ids=["summary-cut", "summary-empty", "answers-cut", "answers-empty", "verdict-blank", "history-cut",
+        "evals-missing"])
 def test_a_damaged_finished_cell_is_named_not_read(tmp_path, damage, expected):
     write_cell(tmp_path, "outcome", None, 0, 6)
     damage(write_cell(tmp_path, "outcome", 1, 0, 5))
