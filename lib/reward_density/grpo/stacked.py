@@ -13,7 +13,7 @@ Supported: Qwen3 students, fp32, no LoRA dropout; anything else uses `Policy` on
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from peft.tuners.lora import LoraLayer
@@ -162,19 +162,21 @@ class StackedPolicy:
         return completion_logprobs(_repeated(self.base, self.n_arms), rollout, temperature)
 
 
+def _mapped(weights: Qwen3Weights, function: Callable[[torch.Tensor], torch.Tensor]) -> Qwen3Weights:
+    """The weights with function applied to every tensor."""
+    layers = [{key: function(value) for key, value in layer.items()} for layer in weights.layers]
+    return Qwen3Weights(function(weights.embed), layers, function(weights.norm), function(weights.lm_head),
+                        weights.shape)
+
+
 def _repeated(weights: Qwen3Weights, arms: int) -> Qwen3Weights:
     """One-arm weights as `arms` identical arms (expanded views)."""
-    def repeat(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.expand(arms, *tensor.shape[1:])
-    return Qwen3Weights(repeat(weights.embed), [{k: repeat(v) for k, v in layer.items()} for layer in weights.layers],
-                        repeat(weights.norm), repeat(weights.lm_head), weights.shape)
+    return _mapped(weights, lambda tensor: tensor.expand(arms, *tensor.shape[1:]))
 
 
 def _detached(weights: Qwen3Weights) -> Qwen3Weights:
     """The same weights with no autograd history (the frozen base)."""
-    return Qwen3Weights(weights.embed.detach().clone(), [{k: v.detach().clone() for k, v in layer.items()}
-                                                         for layer in weights.layers],
-                        weights.norm.detach().clone(), weights.lm_head.detach().clone(), weights.shape)
+    return _mapped(weights, lambda tensor: tensor.detach().clone())
 
 
 def completion_logprobs(weights: Qwen3Weights, rollout: Rollout, temperature: float) -> torch.Tensor:

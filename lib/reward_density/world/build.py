@@ -473,12 +473,13 @@ def changed_build_settings(config: WorldConfig, out_dir: Path) -> dict[str, tupl
 # Built in this order; the components of one stage are independent and built side by side.
 STAGES = (("problems", "control"), ("tokenizer",), ("student", "teacher"), ("prm",))
 IN_PROCESS = ("problems", "control", "tokenizer")  # no model arithmetic: cheap, and the same wherever they run
+WORKER_THREADS = 1  # torch threads of the process that builds a model component
 
 
 def _build_in_worker(name: str, config: WorldConfig, out_dir: Path) -> tuple[dict[str, Any], float]:
     """Build one component in a process of its own with one torch thread, so that a world's bits do not
     depend on how many cores the machine has or on what was built beside it."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(WORKER_THREADS)
     start = time.perf_counter()
     with make_checker(config.task.answer_format) as checker:
         info = BUILDERS[name](_Context(config, out_dir, checker))
@@ -535,7 +536,7 @@ def build_world(config: WorldConfig, out_dir: Path, force: bool = False, log: Ca
         for name, (info, seconds) in built.items():
             # Each component's own code and threads: a later partial rebuild rewrites the manifest's top-level
             # record, which then describes the last build, not the components it left alone.
-            threads = torch.get_num_threads() if name in IN_PROCESS else 1
+            threads = torch.get_num_threads() if name in IN_PROCESS else WORKER_THREADS
             components[name] = {"key": keys[name], "seconds": round(seconds, 1), "git": code["git"],
                                 "threads": threads, **info}
             log(f"[world] {name}: built in {components[name]['seconds']} s")
