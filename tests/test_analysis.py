@@ -296,6 +296,37 @@ def test_fullft_without_shared_seed_is_skipped_with_reason(tmp_path):
     assert frame["verdict"].tolist() == ["skipped"] and frame["reason"].item() == "no seed shared with FullFT"
 
 
+def _keep_final_problems(folder, kept):
+    """Rewrite a cell's answers so that its last evaluation scored only the problems kept."""
+    answers = pd.read_csv(folder / "answers.csv", dtype={"problem_id": str})
+    final = answers["step"] == answers["step"].max()
+    answers[~final | answers["problem_id"].isin(kept)].to_csv(folder / "answers.csv", index=False)
+    evals = pd.read_csv(folder / "evals.csv")
+    evals.loc[evals["step"] == evals["step"].max(), "scored"] = len(kept)
+    evals.to_csv(folder / "evals.csv", index=False)
+
+
+def test_arms_whose_seeds_scored_disjoint_problems_are_skipped_with_reason_not_a_failed_report(tmp_path):
+    problems = [f"{i:03d}" for i in range(N_PROBLEMS)]
+    for seed in (0, 1):
+        write_cell(tmp_path, "outcome", None, seed, 6)
+        _keep_final_problems(write_cell(tmp_path, "outcome", 1, seed, 5), problems[:5] if seed else problems[5:])
+    cells = load_cells(tmp_path)
+    frame = equivalence_table(cells, margin=0.05).frame
+    assert frame["verdict"].tolist() == ["skipped"] and "no problem answered in every shared seed" in frame["reason"][0]
+    gains = gain_table(cells).frame.set_index("arm")
+    assert "no problem answered in every shared seed" in gains.loc["r1", "reason"]
+
+
+def test_a_gain_is_its_tables_final_minus_its_base_when_seeds_scored_different_problems(tmp_path):
+    problems = [f"{i:03d}" for i in range(N_PROBLEMS)]
+    for seed, final in enumerate([6, 8]):
+        _keep_final_problems(write_cell(tmp_path, "outcome", None, seed, final), problems[2:] if seed else problems)
+    row = gain_table(load_cells(tmp_path)).frame.iloc[0]
+    assert row["n_problems"] == N_PROBLEMS - 2
+    assert row["final"] - row["base"] == pytest.approx(row["gain"]), "base and final averaged over other problems"
+
+
 def test_one_training_run_per_arm_gets_no_interval_and_no_verdict(tmp_path):
     """A seed's problems alone say nothing of the next run's: with one seed there is no interval to claim."""
     write_cell(tmp_path, "outcome", 1, 0, 2)

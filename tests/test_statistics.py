@@ -226,9 +226,10 @@ def test_the_projected_number_of_seeds_gives_the_tost_power_it_promises():
 
 
 def test_a_pilot_is_projected_powered_at_its_own_size_exactly_when_its_own_test_is():
-    # The projection at the pilot's own seeds must be the test the pilot ran: the same standard error and the same
-    # degrees of freedom. Giving each variance component its mean square's degrees of freedom instead made a
-    # 4-seed pilot look powered at 4 seeds (df ~15-34 where its test had ~3).
+    # Where no mean square falls below the residual's (problems that differ in difficulty, as here), the projection
+    # at the pilot's own seeds is the test the pilot ran: the same standard error and degrees of freedom. Giving
+    # each variance component its mean square's degrees of freedom instead made a 4-seed pilot look powered at 4
+    # seeds (df ~15-34 where its test had ~3).
     rng, margin, t = np.random.default_rng(3), 0.05, stats.t.ppf
     agreed = powered = 0
     for _ in range(60):
@@ -243,6 +244,33 @@ def test_a_pilot_is_projected_powered_at_its_own_size_exactly_when_its_own_test_
             f"projection asks for {needed} seeds")
         agreed, powered = agreed + 1, powered + own_powered
     assert 0 < powered < agreed, f"the pilots should include powered and unpowered ones ({powered} of {agreed})"
+
+
+@pytest.mark.parametrize("seed_sd", [0.0, 0.1])
+def test_a_projection_whose_components_were_floored_never_calls_an_unpowered_pilot_powered(seed_sd):
+    # With no arm-by-problem spread, a mean square often falls below the residual's; its component is floored at 0,
+    # which projects at least the pilot's own variance: more seeds, never fewer than its own test needs.
+    rng, t = np.random.default_rng(1), stats.t.ppf
+    floored = 0
+    for _ in range(40):
+        diffs = simulate_differences(StudyDesign(seeds=4, problems=1000, seed_sd=seed_sd, arm_gap=0.0), rng)
+        own = crossed_interval(diffs)
+        margin = 0.97 * (t(0.95, own.df) + t(0.9, own.df)) * own.se  # just short of powering the pilot's own test
+        needed = seeds_for_equivalence(diffs, margin, alpha=0.05, power=0.8)
+        assert needed is None or needed > 4, f"projected {needed} seeds where the 4-seed test is not powered"
+        floored += own.df == 3 * 999
+    assert floored, "no pilot took the floor: the case this test exists for did not occur"
+
+
+def test_mean_squares_equal_but_for_round_off_take_the_floor_as_exact_arithmetic_does():
+    # One (seed, problem) pair differs: in exact arithmetic MS_seed = MS_problem = MS_residual = 1 / (S P), so
+    # MS_seed + MS_problem <= 2 MS_residual and the floor applies; summation round-off must not decide it.
+    for seeds, problems in [(4, 10), (6, 1000), (12, 1000)]:
+        diffs = np.zeros((seeds, problems))
+        diffs[0, 0] = 1.0
+        variance, df = variance_of_mean(diffs)
+        assert df == (seeds - 1) * (problems - 1), f"{seeds} x {problems}: df {df}, not the residual's at the floor"
+        assert variance == pytest.approx(1 / (seeds * problems) ** 2)
 
 
 def test_without_seed_variance_two_seeds_suffice_and_problem_variance_alone_can_need_more_problems():

@@ -10,7 +10,7 @@ import pandas as pd
 
 from .load import Cells, arms, regimes
 from .plots import plot_kl_ablation
-from .statistics import MIN_SEEDS, paired_differences, shared_seeds
+from .statistics import MIN_SEEDS, mean_over, paired_differences, shared_seeds
 from .tables import Table, compared_worlds_sentence, comparison, final_answers, markdown_table
 
 
@@ -25,8 +25,8 @@ def with_without_kl(with_kl: Cells, without_kl: Cells, margin: float, confidence
             if shared_seeds(a, b) < MIN_SEEDS:  # no interval holds for new training runs
                 continue
             paired = paired_differences(a, b)  # the means beside the difference are over the rows it pairs
-            rows.append({"regime": regime, "arm": arm, "with_kl": _mean_over(b, paired),
-                         "without_kl": _mean_over(a, paired), **comparison(a, b, margin, confidence)})
+            rows.append({"regime": regime, "arm": arm, "with_kl": mean_over(b, paired),
+                         "without_kl": mean_over(a, paired), **comparison(a, b, margin, confidence)})
     columns = ["regime", "arm", "with_kl", "without_kl", "estimate", "ci_low", "ci_high", "tost_low", "tost_high",
                "mdd", "verdict", "n_seeds", "n_problems"]
     frame = pd.DataFrame(rows, columns=columns)
@@ -37,12 +37,6 @@ def with_without_kl(with_kl: Cells, without_kl: Cells, margin: float, confidence
     header = ["regime", "arm", "pass@1 with KL", "without KL", "without − with", f"{confidence:.0%} CI",
               f"{tost_level:.0%} CI (TOST)", f"verdict (±{margin:g})", "seeds × problems"]
     return Table(frame, markdown_table(header, lines) if lines else "No arm ran both with and without KL.\n")
-
-
-def _mean_over(answers: pd.DataFrame, paired: pd.DataFrame) -> float:
-    """Mean correctness over the seeds (rows) and problems (columns) of a paired-differences matrix."""
-    rows = answers["seed"].isin(paired.index) & answers["problem_id"].isin(paired.columns)
-    return answers.loc[rows, "correct"].mean()
 
 
 ABLATION_REGIME, ABLATION_ARMS = "outcome", ("r4", "full")  # the seed paper's Figure 3: a mid rank and FullFT

@@ -106,6 +106,15 @@ def _mean_squares(diffs: np.ndarray) -> tuple[float, float, float]:
     return float(ms_seed), float(ms_problem), float(ms_residual)
 
 
+ROUND_OFF = 1e-9  # relative: mean squares equal in exact arithmetic (tiny 0/1 matrices) differ by summation order
+
+
+def _excess(mean_square: float, ms_residual: float) -> float:
+    """How far a mean square exceeds the residual's, 0 where it does not beyond round-off."""
+    excess = mean_square - ms_residual
+    return excess if excess > ROUND_OFF * ms_residual else 0.0
+
+
 def _satterthwaite(terms: list[tuple[float, float]]) -> float:
     """Degrees of freedom of a sum of independent variance estimates, given as (value, its df) pairs (a mean
     square the sum subtracts enters with a negative value)."""
@@ -137,7 +146,7 @@ def _grand_mean_variance(ms_seed: float, ms_problem: float, ms_residual: float, 
     its Satterthwaite degrees of freedom."""
     cells, df_residual = n_seeds * n_problems, (n_seeds - 1) * (n_problems - 1)
     combined = ms_seed + ms_problem - ms_residual
-    if combined <= ms_residual:  # seeds and problems show no spread of their own: the residual's share is the floor
+    if not _excess(combined, ms_residual):  # seeds and problems add no spread: the residual's share is the floor
         return ms_residual / cells, float(df_residual)
     df = _satterthwaite([(ms_seed, n_seeds - 1), (ms_problem, n_problems - 1), (-ms_residual, df_residual)])
     return combined / cells, float(df)
@@ -157,7 +166,7 @@ def _components(diffs: np.ndarray) -> tuple[float, float, float]:
     (Searle et al., ch. 4)."""
     n_seeds, n_problems = diffs.shape
     ms_seed, ms_problem, ms_residual = _mean_squares(diffs)
-    return max(0.0, (ms_seed - ms_residual) / n_problems), max(0.0, (ms_problem - ms_residual) / n_seeds), ms_residual
+    return _excess(ms_seed, ms_residual) / n_problems, _excess(ms_problem, ms_residual) / n_seeds, ms_residual
 
 
 def seeds_for_equivalence(diffs: np.ndarray, margin: float, alpha: float = 0.05, power: float = 0.8,
@@ -226,6 +235,12 @@ def crossed_interval(diffs: np.ndarray, confidence: float = 0.95) -> PairedDiff:
     estimate, se = float(diffs.mean()), float(np.sqrt(variance))
     return PairedDiff(estimate, se, df, *t_interval(estimate, se, df, confidence), confidence, diffs.size,
                       *diffs.shape)
+
+
+def mean_over(answers: pd.DataFrame, paired: pd.DataFrame) -> float:
+    """An arm's mean correctness over the seeds (rows) and problems (columns) a paired-differences matrix kept."""
+    rows = answers["seed"].isin(paired.index) & answers["problem_id"].astype(str).isin(paired.columns)
+    return float(answers.loc[rows, "correct"].mean())
 
 
 def paired_diff(a: pd.DataFrame, b: pd.DataFrame, confidence: float = 0.95) -> PairedDiff:

@@ -11,8 +11,8 @@ from .statistics import (
     MAX_PROJECTED_SEEDS,
     MIN_SEEDS,
     crossed_interval,
+    mean_over,
     minimum_detectable_difference,
-    paired_diff,
     paired_differences,
     seeds_can_decide,
     seeds_for_equivalence,
@@ -220,10 +220,15 @@ def gain_table(cells: Cells, confidence: float = 0.95) -> Table:
             if shared_seeds(after, before) < MIN_SEEDS:
                 rows.append({**row, "reason": "one seed: no interval that holds for new training runs"})
                 continue
-            diff = paired_diff(after, before, confidence)
+            try:
+                paired = paired_differences(after, before)
+            except ValueError as error:  # no problem answered at step 0 and at the end in every seed
+                rows.append({**row, "reason": str(error)})
+                continue
+            diff = crossed_interval(paired.to_numpy(), confidence)
             rows.append({
-                **row, "base": before["correct"].mean(),
-                "final": after["correct"].mean(), "gain": diff.estimate, "ci_low": diff.ci_low,
+                **row, "base": mean_over(before, paired),  # over the pairs the gain reads: final - base = gain
+                "final": mean_over(after, paired), "gain": diff.estimate, "ci_low": diff.ci_low,
                 "ci_high": diff.ci_high, "n_seeds": diff.n_seeds, "n_problems": diff.n_problems, "reason": "",
             })
     columns = ["regime", "arm", "base", "final", "gain", "ci_low", "ci_high", "n_seeds", "n_problems", "reason"]
@@ -266,8 +271,10 @@ def _skip_reason(lora: pd.DataFrame, full: pd.DataFrame) -> str:
         return "no seed shared with FullFT"
     if seeds < MIN_SEEDS:
         return "one seed shared with FullFT: no interval that holds for new training runs"
-    if not set(lora["problem_id"]) & set(full["problem_id"]):
-        return "no problem shared with FullFT"
+    try:
+        paired_differences(lora, full)
+    except ValueError as error:  # the problems are not all answered in every shared seed
+        return str(error)
     return ""
 
 
