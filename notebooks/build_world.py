@@ -18,7 +18,7 @@
 #
 # | paper | mini world |
 # |---|---|
-# | MATH problems, `\boxed{}` answers | chained arithmetic (`47 + 38 - 5`), one step per line, a `\boxed{}` answer line |
+# | MATH problems, `\boxed{}` answers | chained arithmetic (`7+8-5+3`), one step per line, a `\boxed{}` answer line |
 # | Qwen3 tokenizer | byte-level BPE with single-digit tokens, trained here |
 # | Qwen3-1.7B-Base (0.375 greedy) | small `Qwen3ForCausalLM` pretrained on *imperfect* traces for a fixed number of steps, which must leave its greedy pass@1 near a target |
 # | Qwen3-8B teacher | larger `Qwen3ForCausalLM`, same tokenizer, trained on clean traces to high accuracy |

@@ -105,6 +105,8 @@ def test_world_overrides_name_unknown_settings():
 
 def test_world_overrides_keep_each_settings_kind():
     assert world_config("smoke", student_tolerance=1).student_tolerance == 1, "a float setting takes an integer"
+    as_written = world_config("smoke", student_target=0, teacher_stop_accuracy=1)  # YAML's 0 for the preset's 0.0
+    assert component_keys(as_written) == component_keys(world_config("smoke")), "the preset's own value rebuilt"
     for bad, said in (({"seed": "0"}, "seed must be an integer"), ({"seed": 1.0}, "seed must be an integer"),
                       ({"student": {"hidden": True}}, "student.hidden must be an integer"),
                       ({"student_tolerance": "0.1"}, "student_tolerance must be a number")):
