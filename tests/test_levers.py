@@ -1,6 +1,9 @@
 """The levers tool applies each lever to the stacked step (its scoring forward, or sampling's decoder) and times it
 between two runs of the plain fp32 step (no speed threshold: it measures, it does not judge)."""
 import json
+import subprocess
+import sys
+import time
 from unittest import mock
 
 import pytest
@@ -20,6 +23,7 @@ from reward_density.tools.levers import (
     lever_patches,
     main,
 )
+from reward_density.tools.measurement import cpu_seconds_with_children
 from reward_density.tools.stand_ins import build_qwen3
 
 PROBLEMS = [Problem("a", "Problem: 3 + 4 = ?\n", "7"), Problem("b", "Problem: 12 + 29 = ?\n", "41")]
@@ -89,3 +93,29 @@ def test_levers_tool_times_each_lever_between_two_fp32_runs_and_writes_json(tmp_
     assert compiled > max(run["setup_and_warmup_cpu_seconds"] for run in report["fp32_runs"]), \
         "compiling the forward should cost the warm-up step CPU time the fp32 one does not spend"
     assert json.loads(out.read_text())["speedup_over_fp32"] == report["speedup_over_fp32"]
+
+
+BUSY_CHILD = """import sys, time
+start = time.process_time()
+while time.process_time() - start < 0.5:
+    pass
+print("busy", flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_set_up_clock_counts_the_cpu_of_child_processes_running_and_ended():
+    # Inductor compiles in a pool of worker processes that outlive the compile, and runs the C++ compiler: a clock of
+    # this process alone left about 40% of a compile's CPU out.
+    start, own = cpu_seconds_with_children(), time.process_time()
+    child = subprocess.Popen([sys.executable, "-c", BUSY_CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "busy"
+        running = cpu_seconds_with_children() - start
+    finally:
+        child.kill()
+        child.wait()
+    ended = cpu_seconds_with_children() - start
+    assert time.process_time() - own < 0.4, "this process itself was busy: the test cannot tell the child's part"
+    assert running >= 0.5, f"a running child's 0.5 CPU-s were not counted ({running:.2f})"
+    assert ended >= 0.5, f"an ended child's 0.5 CPU-s were not counted ({ended:.2f})"

@@ -8,7 +8,7 @@ Every lever is timed in one run between two runs of the plain fp32 step (fp32, l
 the benchmark's random Qwen3 and settings (tools/benchmark.py; given --student and --problems, a world's student
 on its training prompts), one CPU thread, CPU-seconds, median over the timed steps after a warmup; its speed-up is
 over the mean of the two plain runs beside it. Compiling shows as the set-up and warm-up CPU-seconds beyond the
-plain step's.
+plain step's, the compile workers' and the C++ compiler's processes included.
 
     python -m reward_density.tools.levers [--steps N] ... [--levers bf16,compile] [--out FILE.json]
 """
@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import statistics
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from unittest import mock
@@ -32,7 +31,7 @@ from ..analysis.speed import phase_split
 from ..grpo import qwen3, sampler, stacked
 from ..grpo.cuda_graph import GraphedDecoder, StaticDecoder
 from .benchmark import BenchConfig, bench_parser, build_model, one_thread, parse_bench, quiet, time_stacked
-from .measurement import environment, write_report
+from .measurement import cpu_seconds_with_children, environment, write_report
 
 LEVERS = ("fp32", "bf16", "compile", "bf16+compile", "compiled-decode")  # fp32: the study's own step, the baseline
 
@@ -170,9 +169,9 @@ def lever_patches(lever: str) -> contextlib.AbstractContextManager:
 def time_lever(model_dir: Path, config: BenchConfig, lever: str) -> dict:
     """The stacked step's median CPU-seconds under the lever, its set-up and warm-up CPU-seconds, its phases."""
     with lever_patches(lever):
-        start = time.process_time()
+        start = cpu_seconds_with_children()  # Inductor compiles in worker processes and the C++ compiler
         timing = time_stacked(model_dir, config)
-        total = time.process_time() - start
+        total = cpu_seconds_with_children() - start
     return {"cpu_seconds_per_step": statistics.median(timing.seconds),
             "setup_and_warmup_cpu_seconds": total - sum(timing.seconds), "phase_wall_seconds": timing.phases}
 

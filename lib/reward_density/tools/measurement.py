@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -14,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import transformers
 from transformers import TrainerCallback
@@ -69,6 +72,18 @@ class StepTimer(TrainerCallback):
         self.seconds.append(self.clock() - self._start)
 
 
+def cpu_seconds_with_children() -> float:
+    """CPU-seconds of this process and of the processes it started: those still running (torch.compile's worker
+    pool) with what they waited for, and those it has waited for (the C++ compiler)."""
+    waited = resource.getrusage(resource.RUSAGE_CHILDREN)
+    running = 0.0
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # it ended meanwhile: counted once waited for
+            times = child.cpu_times()
+            running += times.user + times.system + times.children_user + times.children_system
+    return time.process_time() + waited.ru_utime + waited.ru_stime + running
+
+
 def environment(device: str = "cpu") -> dict[str, Any]:
     """Library versions, the GPU (if any), the CPU, threads, the git commit the numbers were taken with, whether
     tracked files differed from it, and the tree of the files as they stood (provenance.working_tree)."""
@@ -81,6 +96,7 @@ def environment(device: str = "cpu") -> dict[str, Any]:
         "cpu": cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count() or 0,
+        "load_average": list(os.getloadavg()),  # 1, 5, 15 min: above the threads used, the wall-s phases read high
         **git,
         "tree": working_tree(CODE_ROOT) if git["commit"] else None,
     }
