@@ -7,7 +7,9 @@ a LoRA linear of arm a applies W + (alpha / r) B A, so the arms share every kern
 costs at hidden size 128; each arm's gradient reaches only its own parameters. The reference policy of
 every arm is the base (LoRA: the adapter disabled; FullFT: the frozen initial weights).
 
-Supported: Qwen3 students, fp32, no LoRA dropout; anything else uses `Policy` one arm at a time.
+Supported: Qwen3 students (SiLU, no attention dropout), fp32, no LoRA dropout, on a CPU, without gradient
+checkpointing or replay; anything else is refused (by the profile check or here) and runs with `engine: peft`
+(`Policy`, one arm at a time).
 `tests/test_stacked.py` pins each arm's log-probs, loss and gradients to its own peft `Policy`.
 """
 from __future__ import annotations

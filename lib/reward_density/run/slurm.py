@@ -8,7 +8,8 @@ path is tested without a cluster. Ray would need a running Ray cluster and is a 
 Each job runs `run_cell_job`: the training notebook of one cell, executed exactly as the local runner's
 cell process does it (same parameters, same folder, same summary.json done marker), so a cell computed
 either way is identical and the two resume each other's work. submitit's own files (pickles, job logs)
-go under outputs/<profile>/submitit/; each cell's folder still gets cell.ipynb and run.log.
+go under outputs/<profile>/submitit/; each cell's folder still gets cell.ipynb and run.log
+(under `engine: stacked`, each group's folder, groups/<regime>-s<seed>/).
 
     executor = make_executor("slurm", submitit_dir(profile, root),
                              {"timeout_min": 240, "slurm_partition": "gpu", "gpus_per_node": 1})
