@@ -9,6 +9,7 @@ from reward_density.data.answer_check import AnswerChecker, LastIntegerChecker, 
 from reward_density.data.problems import Problem
 from reward_density.experiment import baseline
 from reward_density.experiment.evaluation import greedy_eval, pass_at_k, sampled_pass_at_k
+from reward_density.experiment.profiles import cell_config, find_profile, load_profile
 from reward_density.grpo.sampler import SamplingConfig
 from reward_density.tools.stand_ins import build_qwen3
 
@@ -186,3 +187,13 @@ def test_a_saved_base_evaluation_of_other_problems_is_not_reused_nor_overwritten
         pass1, rows = baseline.base_evaluation(base_answers, None, None, heldout, LastIntegerChecker())
     assert (pass1, [r["problem_id"] for r in rows]) == (1.0, ["000", "001"]), "the other set's evaluation was reused"
     assert json.loads((tmp_path / "base-k.json").read_text()) == saved, "the saved evaluation was overwritten"
+
+
+def test_under_bf16_fullft_reads_a_base_evaluation_of_its_own_fp32_master_copy_not_the_lora_arms():
+    # A LoRA arm holds the student in bf16, FullFT its fp32 master copy under autocast: their greedy answers differ.
+    profile = load_profile(find_profile("smoke"))
+    key = {(precision, rank): baseline.base_eval_key(cell_config(profile, "outcome", rank, 0, precision=precision,
+                                                                 engine="peft"))
+           for precision in ("fp32", "bf16") for rank in (1, 2, None)}
+    assert key["fp32", 1] == key["fp32", 2] == key["fp32", None], "in fp32 every arm starts from the same answers"
+    assert key["bf16", 1] == key["bf16", 2] != key["bf16", None]

@@ -5,7 +5,9 @@ import torch
 from reward_density.data.problems import Problem
 from reward_density.grpo import sampler
 from reward_density.grpo.logprobs import completion_logprobs
+from reward_density.grpo.policy import PolicyConfig
 from reward_density.grpo.sampler import SamplingConfig, _pick, sample_rollout
+from reward_density.grpo.stacked import StackedPolicy
 from reward_density.tools.stand_ins import build_qwen3
 
 PROBLEMS = [
@@ -51,6 +53,11 @@ def test_an_end_of_text_the_generation_config_names_ends_a_completion_as_the_tok
     rollout = sample_rollout(model, tiny_tokenizer, PROBLEMS, 1, greedy, seed=0)
     assert rollout.completion_mask.sum(-1).tolist() == [1] * len(PROBLEMS), "the model's own end must stop a row"
     assert not rollout.truncated.any()
+    # The stacked engine samples from its arms' weights, which must carry the model's ends with them.
+    arms = StackedPolicy(model, [PolicyConfig(rank=1), PolicyConfig(rank=None)], seed=0).weights()
+    with torch.no_grad():
+        stacked = sample_rollout(arms, tiny_tokenizer, PROBLEMS, 1, greedy, seed=0)
+    assert stacked.completion_mask.sum(-1).tolist() == [1] * 2 * len(PROBLEMS), "a stacked arm ran past the model's end"
 
 
 def test_rows_are_grouped_by_problem(model, tiny_tokenizer):

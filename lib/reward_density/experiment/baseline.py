@@ -56,6 +56,8 @@ def base_eval_key(config: CellConfig) -> str:
              config.problem_subsets]
     if config.answer_format != "boxed":  # keys of boxed-answer evaluations stay what they were before the option
         parts.append(config.answer_format)
+    if config.precision != "fp32" and config.rank is None:  # FullFT evaluates its fp32 master copy under autocast,
+        parts.append("fp32 master copy")                    # a LoRA arm the student stored in bf16 (cell.load_inputs)
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
 
@@ -130,6 +132,7 @@ def base_configs(profile: Profile, base_answers: str | Path, root: Path = REPO_R
     task = next((regime for regime in profile.matrix.regimes if regime != SFT), None)
     regimes = [regime for regime in (task, SFT) if regime in profile.matrix.regimes]
     # The learning rate does not enter the base evaluation, nor in fp32 the rank. Under bf16 a peft LoRA arm holds
-    # the student in bf16 where FullFT holds its fp32 master copy; the shared evaluation is rank 1's.
+    # the student in bf16 where FullFT holds its fp32 master copy: the shared evaluation is the LoRA arms', and the
+    # first FullFT cell evaluates its own under another key.
     return [cell_config(profile, regime, 1, profile.matrix.seeds[regime][0], learning_rate=1.0, root=root,
                         base_answers=str(base_answers)) for regime in dict.fromkeys(regimes)]

@@ -55,6 +55,7 @@ class Qwen3Weights:
     norm: torch.Tensor
     lm_head: torch.Tensor
     shape: Qwen3Shape
+    ends: tuple[int, ...] = ()  # the end-of-text ids the model's generation config names (sampler.stop_ids)
 
     @property
     def arms(self) -> int:
@@ -98,7 +99,13 @@ def weights_of(model: torch.nn.Module) -> Qwen3Weights:
         for layer in inner.layers
     ]
     return Qwen3Weights(inner.embed_tokens.weight[None], layers, inner.norm.weight[None],
-                        effective_weight(lm.lm_head)[None], Qwen3Shape.of(lm))
+                        effective_weight(lm.lm_head)[None], Qwen3Shape.of(lm), configured_ends(lm))
+
+
+def configured_ends(model: torch.nn.Module) -> tuple[int, ...]:
+    """The end-of-text ids a model's generation config names: one id, a list, or none."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    return tuple(configured) if isinstance(configured, (list, tuple)) else () if configured is None else (configured,)
 
 
 def supports(model: torch.nn.Module) -> bool:

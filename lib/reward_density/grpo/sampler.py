@@ -10,7 +10,7 @@ from transformers import PreTrainedTokenizerBase
 from ..data.problems import Problem
 from .cuda_graph import GraphedDecoder
 from .logprobs import position_ids_from_mask
-from .qwen3 import Decoder, Qwen3Weights, make_decoder
+from .qwen3 import Decoder, Qwen3Weights, configured_ends, make_decoder
 from .rollout import Rollout
 
 # Bumped whenever the same seed would draw different tokens (the mini world's PRM is labelled from
@@ -48,10 +48,9 @@ def stop_ids(model: torch.nn.Module | Qwen3Weights, eos: int) -> torch.Tensor:
     """The token ids that end a completion: the tokenizer's EOS and those of the model's generation config. A
     model's tokenizer and its generation config can name different ends of text (a base model trained to end with
     one while its tokenizer declares a chat model's), and a sampler that stopped on one alone would run past the
-    model's own end to the length cap."""
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    extra = configured if isinstance(configured, (list, tuple)) else [] if configured is None else [configured]
-    return torch.tensor(sorted({eos, *extra}), dtype=torch.long)
+    model's own end to the length cap. Stacked weights carry their base model's (Qwen3Weights.ends)."""
+    configured = model.ends if isinstance(model, Qwen3Weights) else configured_ends(model)
+    return torch.tensor(sorted({eos, *configured}), dtype=torch.long)
 
 
 def left_padded(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str],

@@ -132,6 +132,7 @@ class StackedPolicy:
             norm=self._stack("norm", base.norm[0]),
             lm_head=self._stack("lm_head", base.lm_head[0]),
             shape=base.shape,
+            ends=base.ends,
         )
 
     def _stack(self, key: str, base_value: torch.Tensor) -> torch.Tensor:
@@ -168,7 +169,7 @@ def _mapped(weights: Qwen3Weights, function: Callable[[torch.Tensor], torch.Tens
     """The weights with function applied to every tensor."""
     layers = [{key: function(value) for key, value in layer.items()} for layer in weights.layers]
     return Qwen3Weights(function(weights.embed), layers, function(weights.norm), function(weights.lm_head),
-                        weights.shape)
+                        weights.shape, weights.ends)
 
 
 def _repeated(weights: Qwen3Weights, arms: int) -> Qwen3Weights:
