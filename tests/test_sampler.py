@@ -1,4 +1,6 @@
 """The sampler: left-padded batches, EOS-inclusive masks, truncation, log-probs that the learner reproduces."""
+import warnings
+
 import pytest
 import torch
 
@@ -187,3 +189,12 @@ def test_finished_rows_leaving_the_batch_change_no_draw(tiny_tokenizer, monkeypa
     whole = sample_rollout(model, tiny_tokenizer, problems, 4, config, seed=9)
     assert torch.equal(compacted.completion_ids, whole.completion_ids)
     torch.testing.assert_close(compacted.sampler_logps, whole.sampler_logps)
+
+
+def test_the_transformers_fallback_passes_its_cache_under_the_name_the_installed_version_takes(model, tiny_tokenizer):
+    # The hooked model decodes through its own forward; transformers 5.24 warns that past_key_values goes in 5.40.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sample_rollout(model, tiny_tokenizer, PROBLEMS, 2, SamplingConfig(max_new_tokens=4), seed=0)
+    deprecated = [str(w.message) for w in caught if "past_key_values" in str(w.message)]
+    assert not deprecated, deprecated[0]

@@ -1,6 +1,7 @@
 """Batched, left-padded sampling with a KV cache: P prompts x G completions -> Rollout."""
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -10,7 +11,7 @@ from transformers import PreTrainedTokenizerBase
 from ..data.problems import Problem
 from .cuda_graph import GraphedDecoder
 from .logprobs import position_ids_from_mask
-from .qwen3 import Decoder, Qwen3Weights, configured_ends, make_decoder
+from .qwen3 import Decoder, Qwen3Weights, causal_lm_of, configured_ends, make_decoder
 from .rollout import Rollout
 
 # Bumped whenever the same seed would draw different tokens (the mini world's PRM is labelled from
@@ -181,6 +182,9 @@ class _TransformersDecoder:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.cache = self.attention_mask = None
+        # transformers 5.x renamed past_key_values to cache (the old name to go in 5.40); the range allows both.
+        forward = inspect.signature(causal_lm_of(model).forward).parameters
+        self.cache_argument = "cache" if "cache" in forward else "past_key_values"
 
     def prefill(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         self.attention_mask = attention_mask
@@ -197,7 +201,7 @@ class _TransformersDecoder:
     def _forward(self, input_ids, position_ids) -> torch.Tensor:
         out = self.model(
             input_ids=input_ids, attention_mask=self.attention_mask, position_ids=position_ids,
-            past_key_values=self.cache, use_cache=True,
+            use_cache=True, **{self.cache_argument: self.cache},
         )
         self.cache = out.past_key_values
         return out.logits[:, -1, :]
