@@ -79,12 +79,22 @@ case "${1:-}" in
   goldens) setup; pin_avx2_kernels; exec "$PY" tests/golden/regenerate.py ;;
   lab) shift; setup; exec "$PY" -m reward_density.tools.lab "$@" ;;
   board) board_profile="${2:-mini}"
-         if [ ! -f "params/$board_profile.yaml" ]; then  # a typo would serve an empty board, silently
+         if [ -f "$board_profile" ]; then  # a profile file's path: its outputs are under its name
+           board_profile="$(basename "$board_profile" .yaml)"
+         elif [ ! -f "params/$board_profile.yaml" ]; then  # a typo would serve an empty board, silently
+           [[ "$board_profile" == */* || "$board_profile" == *.yaml ]] && board_profile="$(basename "$board_profile" .yaml)"
            echo "board: no profile params/$board_profile.yaml; profiles: $(cd params && ls *.yaml | sed 's/\.yaml$//' | xargs)" >&2
            exit 2
          fi
          setup; exec "$VENV/bin/tensorboard" --logdir "outputs/$board_profile/cells" ;;
-  papers) shift; setup
+  papers) shift
+          for arg in "$@"; do
+            if [[ "$arg" == --profile* ]]; then  # the last --profile wins: it would replace every paper's
+              echo "papers: runs its own profiles (${PAPERS[*]}); --profile cannot be given" >&2
+              exit 2
+            fi
+          done
+          setup
           for profile in "${PAPERS[@]}"; do
             status=0; run_study --profile "$profile" "$@" || status=$?
             if [ "$status" -ne 0 ]; then  # the profiles after it may compare with its results: stop here

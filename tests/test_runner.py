@@ -602,6 +602,16 @@ def test_a_run_stopped_by_a_signal_keeps_its_finished_cells_and_a_rerun_finishes
     assert after["outcome-r1-s0"] == first["outcome-r1-s0"]
 
 
+def test_a_signal_during_a_stage_other_than_the_cells_stops_the_run_as_ctrl_c_does_and_is_recorded(root, monkeypatch):
+    def stopped(*args):  # as SIGTERM or a closed terminal reaching the runner in the middle of the analysis
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+
+    monkeypatch.setattr(stages, "stage_analysis", stopped)
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "analysis"]) == 130
+    assert run_records(root)[-1]["outcome"] == "interrupted", "the runs log must say the run was stopped"
+
+
 def test_a_hangup_a_run_was_told_to_ignore_stays_ignored_while_it_runs_its_cells():
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup starts it
     try:

@@ -1,7 +1,9 @@
 """Scale-out through submitit: real smoke cells through the local executor, failures, Ctrl-C, a fake Slurm."""
+import dataclasses
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -16,7 +18,16 @@ from reward_density.experiment.profiles import REPO_ROOT, load_profile
 from reward_density.run.cli import main
 from reward_density.run.matrix import Job, job_spec
 from reward_density.run.notebooks import FAILURE_PREFIX
-from reward_density.run.slurm import make_executor, submit_matrix, submitit_dir
+from reward_density.run.slurm import (
+    IN_FLIGHT,
+    JobsInFlight,
+    check_no_jobs_in_flight,
+    make_executor,
+    profile_executor,
+    submit_matrix,
+    submitit_dir,
+)
+from reward_density.run.stage_times import RUN_LOG
 
 SMOKE = load_profile(REPO_ROOT / "params" / "smoke.yaml")
 TWO_CELLS = "outcome-r1-s0,distillation-rfull-s0"
@@ -157,6 +168,28 @@ def test_a_failing_notebook_and_a_missing_summary_are_reported_not_raised(tmp_pa
     assert "finished without a summary" in silent.log.read_text(), "run.log lacks the notebook's output"
 
 
+def test_jobs_a_killed_runner_left_running_are_named_and_their_cells_kept_not_submitted_twice(tmp_path):
+    # submitit's jobs outlive a runner killed with SIGKILL; a rerun that cleared their folders would race them.
+    notebook = write_notebook(tmp_path, FAILING_NOTEBOOK)
+    executor = make_executor("local", submitit_dir(SMOKE, tmp_path), LOCAL_SETTINGS)
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the earlier run's job
+    try:
+        in_flight = Path(executor.folder) / IN_FLIGHT
+        in_flight.parent.mkdir(parents=True, exist_ok=True)
+        in_flight.write_text(json.dumps({"outcome-r1-s0": str(left.pid)}))
+        running = tmp_path / "outputs/smoke/cells/outcome-r1-s0"
+        running.mkdir(parents=True)
+        (running / "events.out").write_text("the running job's")
+        with pytest.raises(JobsInFlight, match=rf"outcome-r1-s0 \(job {left.pid}\)"):
+            submit_matrix(SMOKE, tmp_path, notebook, "outcome-r1-s0", executor, poll_seconds=0.5)
+        assert (running / "events.out").is_file(), "the running job's cell folder was cleared"
+    finally:
+        left.kill()
+        left.wait()
+    check_no_jobs_in_flight(executor)  # the job ended: the record goes, and a rerun may submit the cell again
+    assert not in_flight.exists()
+
+
 def process_gone(pid: int) -> bool:
     """Whether a process has exited (a zombie counts as exited)."""
     try:
@@ -276,6 +309,15 @@ def test_the_runner_cli_sends_cells_to_the_executor_named_on_the_command_line(ro
     err = capsys.readouterr().err
     assert f"{name}: job " in err and "1 finished cell(s) skipped" in err, err
     assert (root / "outputs/smoke/cells" / name / "summary.json").is_file()
+    record = json.loads((root / "outputs/smoke" / RUN_LOG).read_text().splitlines()[-1])
+    assert record["executor"] == "local", "the runs log must say which executor ran the cells"
+
+
+def test_an_executor_whose_nodes_have_fewer_gpus_than_a_cell_addresses_is_refused(tmp_path):
+    paper = load_profile(REPO_ROOT / "params" / "paper.yaml")  # student on cuda:0, teacher and PRM on cuda:1
+    said = r"places a cell on 2 GPUs \(its cell devices\), but its cluster.gpus_per_node is 1"
+    with pytest.raises(ValueError, match=said):
+        profile_executor("local", dataclasses.replace(paper, cluster={**paper.cluster, "gpus_per_node": 1}), tmp_path)
 
 
 def test_an_executor_without_cluster_settings_is_refused_before_any_work(tmp_path, capsys):

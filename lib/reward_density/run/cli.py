@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from submitit.core.utils import FailedJobError  # sbatch refused the job array
+
 from ..experiment.config import SFT
 from ..experiment.profiles import (
     REPO_ROOT,
@@ -30,10 +32,16 @@ from ..experiment.profiles import (
 from ..world.build import config_of_build
 from .local import gpu_slots
 from .lock import FolderInUse, exclusive
-from .matrix import StaleCells, check_finished_cells, check_no_unplanned_cells, select_cells
+from .matrix import (
+    StaleCells,
+    check_finished_cells,
+    check_no_unplanned_cells,
+    select_cells,
+    stop_signals_as_interrupt,
+)
 from .notebooks import NotebookFailed, notebook_parameters
 from .reachability import WorldUnreachable, check_world
-from .slurm import profile_executor
+from .slurm import JobsInFlight, profile_executor
 from .stage_times import RUN_LOG, StageTimes
 
 # The stages' order; stages.py itself is imported only to run them: it loads the model code (seconds), which a
@@ -103,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     papermill_log.setLevel(logging.INFO)  # the stage notebooks' own output (world-building progress)
     papermill_log.addFilter(lambda record: not record.getMessage().startswith(("Executing Cell", "Ending Cell")))
     try:
-        with _study_lock(profile, root, args.stages):
+        with _study_lock(profile, root, args.stages), stop_signals_as_interrupt():  # every stage, as Ctrl-C
             return _run_stages(profile, root, args.stages, args.cells, args.jobs, slots, executor)
     except FolderInUse as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -220,15 +228,15 @@ def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: s
     except KeyboardInterrupt:
         outcome = "interrupted"
         raise
-    except (WorldUnreachable, StaleCells) as exc:
+    except (WorldUnreachable, StaleCells, JobsInFlight) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, NotebookFailed, subprocess.CalledProcessError) as exc:
+    except (FileNotFoundError, NotebookFailed, subprocess.CalledProcessError, FailedJobError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
         if timed.stages:  # a run stopped before any stage (an unreachable world) leaves no trace
-            where = type(executor).__name__ if executor else "here"
+            where = getattr(executor, "cluster", type(executor).__name__) if executor else "here"  # slurm, local
             timed.append_to(profile.outputs_dir(root) / RUN_LOG, profile=profile.name, outcome=outcome,
                             executor=where, jobs=None if executor else len(slots) if slots else jobs,
                             cells=cells.counts if cells else None)

@@ -39,6 +39,8 @@ from tqdm import tqdm
 
 from ..experiment import cell_folder
 from ..experiment.profiles import Profile
+from ..experiment.provenance import read_json, write_json_atomic
+from .local import cuda_indices, gpus_per_cell
 from .matrix import (
     STOP_GRACE_SECONDS,
     Job,
@@ -55,6 +57,7 @@ from .matrix import (
 from .notebooks import execute_cell, existing_notebook
 
 KINDS = ("slurm", "local")
+IN_FLIGHT = "in_flight.json"  # under submitit_dir: the jobs a runner waits for; left behind when it was killed
 REQUIRED_SETTINGS = ("timeout_min",)
 POLL_SECONDS = 2.0
 _TRACE_RULE = "-" * 22  # submitit's FailedJobError: "...trace:\n<rule>\n<traceback>\n<rule>\nYou can check..."
@@ -85,11 +88,54 @@ def profile_executor(kind: str, profile: Profile, root: Path) -> submitit.Execut
     """The executor of a profile's `cluster` settings, built (and its settings checked) before any work."""
     if not profile.cluster:
         raise ValueError(f"--executor {kind}: profile {profile.name} has no `cluster` section of executor settings")
+    needed, given = gpus_per_cell(profile), profile.cluster.get("gpus_per_node", 0)
+    if cuda_indices(profile) and given < needed:  # else every job fails on its first missing device, after queueing
+        raise ValueError(f"--executor {kind}: profile {profile.name} places a cell on {needed} GPUs (its cell "
+                         f"devices), but its cluster.gpus_per_node is {given}")
+    if cuda_indices(profile) and kind == "local":
+        print("note: --executor local starts every job at once on the GPUs this machine shows; --gpus runs them "
+              "a GPU group at a time", file=sys.stderr)
     try:
         return make_executor(kind, submitit_dir(profile, root), profile.cluster)
     except Exception as exc:  # submitit: NameError for an unknown setting, RuntimeError without srun
         raise ValueError(f"--executor {kind} with {profile.path} cluster settings: "
                          f"{type(exc).__name__}: {exc}") from exc
+
+
+class JobsInFlight(RuntimeError):
+    """An earlier runner of the profile was killed while its jobs ran, and some of them still run."""
+
+
+def _job_running(cluster: str, folder: Path, job_id: str) -> bool:
+    """Whether a job an earlier runner submitted still runs: a local job is its controller's process; a Slurm job
+    is asked of Slurm (sacct), and counts as running when Slurm cannot tell."""
+    if cluster == "local":
+        try:
+            os.kill(int(job_id), 0)
+        except (ProcessLookupError, ValueError):
+            return False
+        except PermissionError:  # another user's process took the number: not ours, but cannot be told apart
+            return True
+        return True
+    return not submitit.SlurmJob(folder=folder, job_id=job_id).done(force_check=True)
+
+
+def check_no_jobs_in_flight(executor: submitit.Executor) -> None:
+    """A JobsInFlight naming the jobs an earlier, killed runner left running (a rerun would clear their folders and
+    submit them twice); the record is dropped once none runs."""
+    path = Path(executor.folder) / IN_FLIGHT
+    if not path.is_file():
+        return
+    recorded = read_json(path)
+    running = {name: job_id for name, job_id in recorded.items()
+               if _job_running(executor.cluster, Path(executor.folder), job_id)}
+    if running:
+        raise JobsInFlight(
+            f"jobs an earlier run of this profile submitted still run, and its runner is gone: "
+            f"{', '.join(f'{name} (job {job_id})' for name, job_id in running.items())}. Wait for them or cancel "
+            f"them (Slurm: scancel {' '.join(running.values())}), then run again; if they are not yours or no "
+            f"longer run, delete {path}")
+    path.unlink()
 
 
 class _Tee(io.TextIOBase):
@@ -199,14 +245,17 @@ def submit_matrix(
     pending, report = pending_jobs(profile, root, cells_filter)
     if not pending:
         return report
+    check_no_jobs_in_flight(executor)
     folders = [prepare(job, profile, root) for job in pending]  # before submitting: no job sees a leftover
     threads = executor.parameters.get("cpus_per_task") or max(1, cpu_count() // len(pending))
     specs = [job_spec(job, profile, root, notebook) | {"threads": threads} for job in pending]
     jobs: list[tuple[Job, submitit.Job]] = []
+    in_flight = Path(executor.folder) / IN_FLIGHT
     bar = progress_bar(profile, report, pending)
     try:
         with stop_signals_as_interrupt():
             jobs = list(zip(pending, executor.map_array(run_cell_job, specs)))
+            write_json_atomic(in_flight, {job.name: submitted.job_id for job, submitted in jobs})
             tqdm.write(f"submitted {len(jobs)} job(s) to {executor.folder}:", file=sys.stderr)
             for job, submitted in jobs:
                 tqdm.write(f"  {job.name}: job {submitted.job_id}", file=sys.stderr)
@@ -224,5 +273,6 @@ def submit_matrix(
         _cancel(jobs)
         raise
     finally:
+        in_flight.unlink(missing_ok=True)  # waited for or cancelled: no job of this run is left to run
         bar.close()
     return report
