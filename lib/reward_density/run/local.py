@@ -2,8 +2,9 @@
 
 Each cell runs the training notebook in a process of its own (cell_process.py; parallel papermill
 kernels in threads race on ports), writing cell.ipynb and run.log into its folder beside what the
-notebook writes (a stacked group's job: into groups/<regime>-s<seed>/). With GPU slots, each cell process sees only its own GPUs (CUDA_VISIBLE_DEVICES): one
-GPU per cell, or a group when the profile places the teacher or the PRM on a second device.
+notebook writes (a stacked group's job: into groups/<regime>-s<seed>/). With GPU slots, each cell process sees
+only its own GPUs (CUDA_VISIBLE_DEVICES): one GPU per cell, or a group when the profile places the teacher or the
+PRM on a second device.
 """
 from __future__ import annotations
 

@@ -196,7 +196,8 @@ def _stacked_steps(model_dir: Path, config: BenchConfig) -> Callable[[int], dict
 
 class StackedTiming(NamedTuple):
     """The timed stacked steps: CPU-seconds of each, the median wall-seconds of each phase (on one thread, close to
-    their CPU-seconds where nothing else runs: the environment records the load average), and the mean completion length they sampled (of the first arm)."""
+    their CPU-seconds where nothing else runs: the environment records the load average), and the mean completion
+    length they sampled (of the first arm)."""
 
     seconds: list[float]
     phases: dict[str, float]
