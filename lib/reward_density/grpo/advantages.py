@@ -14,7 +14,8 @@ def group_normalise(
     """Normalise the deposits within each prompt group: (r - mu_p) / (sigma_p + eps), 0 off-deposit (Eq. 3).
 
     mu_p and sigma_p are the mean and the sample std (Bessel-corrected, as in TRL) over all deposits
-    of the group's G completions; a group with fewer than two deposits has sigma_p = 0.
+    of the group's G completions; a group with fewer than two deposits has sigma_p = 0. Identical deposits give
+    0 up to float32 round-off of their mean (README, "Advantage std").
     """
     n, t = token_rewards.shape
     if n % group_size:
