@@ -94,7 +94,7 @@ from reward_density.data.answer_check import make_checker
 from reward_density.experiment import cell
 from reward_density.experiment.baseline import base_evaluation
 from reward_density.experiment.cell_folder import TRAINED_PARAMETERS
-from reward_density.experiment.config import notebook_settings
+from reward_density.experiment.config import SFT, notebook_settings
 from reward_density.experiment.profiles import find_profile, group_configs, load_profile
 
 # %%
@@ -104,9 +104,10 @@ settings = {f.name: globals()[f.name] for f in notebook_settings() if globals()[
 ranks = rank if isinstance(rank, list) else [rank]
 configs = group_configs(load_profile(find_profile(profile)), regime, ranks, seed, cells_dir=cells_dir, **settings)
 for config in configs:
-    print(f"cell {config.name} ({config.profile}): lr {config.learning_rate}, {config.steps} steps of "
-          f"P={config.prompts_per_step} x G={config.group_size}, {config.precision} on {config.device}, "
-          f"engine {config.engine}")
+    batch = f"{config.problems_per_step} solutions" if config.regime == SFT else \
+        f"P={config.prompts_per_step} x G={config.group_size}"
+    print(f"cell {config.name} ({config.profile}): lr {config.learning_rate}, {config.steps} steps of {batch}, "
+          f"{config.precision} on {config.device}, engine {config.engine}")
 
 # %% [markdown]
 # ## Inputs
@@ -135,7 +136,7 @@ for c, record in zip(configs, derived):
 #
 # Each step samples G completions for P problems, turns the reward's deposits into advantages (per token
 # when every token carries a deposit, return-to-go otherwise), and takes one step of the clipped GRPO loss
-# with the KL penalty to the reference; the SFT control takes a supervised step on P x G solutions instead.
+# with the KL penalty to the reference; the SFT control takes a supervised step on `sft_batch_size` solutions instead (unset: P x G).
 # Arms trained together (engine `stacked`) share every batched pass but nothing else: each has its own
 # weights, rewards, loss, gradient clip and learning rate. Greedy pass@1 is measured on every held-out problem
 # before training and at the end, and on the first `curve_problems` of them every `eval_every` steps between:

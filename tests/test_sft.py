@@ -43,3 +43,20 @@ def test_the_forward_passes_run_under_bf16_autocast_when_the_cell_asks_for_it(sm
                         or logprobs(*a, **k))
     sft_step(policy, tokenizer, optimizer, problems, config.max_grad_norm, config.precision, micro_batch_size=2)
     assert enabled == [True, True], "the FullFT arm trained in fp32 while its LoRA arms ran a bf16 base"
+
+
+@pytest.mark.parametrize("setting", [{"l2": 0.1}, {"token_alpha": 2, "token_k": 8, "token_p": 0.5},
+                                     {"replay_successes": 2}], ids=["l2", "token rule", "replay"])
+def test_an_rl_methods_setting_on_an_sft_cell_is_refused_rather_than_recorded_and_ignored(setting):
+    with pytest.raises(ValueError, match=f"regime sft takes supervised steps, which read none of the RL methods' "
+                                         f"{next(iter(setting))}"):
+        cell_config(load_profile(find_profile("smoke")), "sft", 1, 0, engine="peft", **setting)
+
+
+def test_an_sft_step_draws_sft_batch_size_solutions_and_full_ft_keeps_no_reference(smoke_project):
+    profile = load_profile(find_profile("smoke"))
+    assert cell_config(profile, "sft", 1, 0, sft_batch_size=3).problems_per_step == 3
+    assert cell_config(profile, "sft", 1, 0).problems_per_step == 2 * 2, "unset: P x G solutions"
+    assert cell_config(profile, "outcome", 1, 0, sft_batch_size=3).problems_per_step == 2, "RL draws P prompts"
+    _, policy, *_ = sft_arm(smoke_project, None)
+    assert not policy.has_reference, "an SFT cell has no KL term, so no frozen copy of the student"

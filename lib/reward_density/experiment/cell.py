@@ -315,7 +315,8 @@ def make_policy(configs: list[CellConfig], student: torch.nn.Module) -> Policy |
     torch.manual_seed(config.seed)
     if config.engine == "stacked":
         return StackedPolicy(student, [policy_config(c) for c in configs], config.seed)
-    return Policy(student, policy_config(config), keep_reference=scores_reference(config.beta, config.track_kl))
+    keep_reference = config.regime != SFT and scores_reference(config.beta, config.track_kl)  # SFT has no KL
+    return Policy(student, policy_config(config), keep_reference=keep_reference)
 
 
 def derived_record(student: torch.nn.Module, policy: Policy | StackedPolicy, arm: int) -> dict[str, int]:
@@ -379,9 +380,7 @@ def train(configs: list[CellConfig], inputs: CellInputs, policy: Policy | Stacke
     pass1 = evaluations(0)
     desc = config.name if len(configs) == 1 else f"{config.regime}-s{config.seed} ({len(configs)} arms)"
     bar = tqdm(range(1, config.steps + 1), desc=desc, disable=not progress)
-    per_step = (config.sft_batch_size or config.prompts_per_step * config.group_size) if config.regime == SFT \
-        else config.prompts_per_step
-    problems = batches(inputs.train, per_step, config.seed)
+    problems = batches(inputs.train, config.problems_per_step, config.seed)
     replay = make_replay(config)
     for step in bar:
         batch, seed = next(problems), config.seed * 1_000_003 + step

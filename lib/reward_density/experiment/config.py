@@ -235,6 +235,12 @@ class CellConfig:
                              "unset them")
         if self.regime == SFT and self.control is None:
             raise ValueError("regime sft trains on the SFT control's problems: set world.control")
+        rl_only = {"l2": self.l2 > 0, "token_alpha": self.token_alpha is not None,
+                   "replay_successes": self.replay_successes > 0, "replay_failures": self.replay_failures > 0}
+        if self.regime == SFT and any(rl_only.values()):
+            raise ValueError(f"regime sft takes supervised steps, which read none of the RL methods' "
+                             f"{', '.join(k for k, v in rl_only.items() if v)}: unset them, or leave sft out of "
+                             f"the matrix")
         if self.dev_problems is not None and self.eval_split == "dev":
             raise ValueError("dev_problems scores the dev split beside the held-out one; with eval_split dev every "
                              "evaluation is on dev already")
@@ -280,6 +286,14 @@ class CellConfig:
         """The config to_parameters() wrote (a cell's params.json; keys the schema does not know are ignored)."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known} | {"rank": parse_rank(values["rank"])})
+
+    @property
+    def problems_per_step(self) -> int:
+        """The problems a training step draws: P prompts, each sampled G times, or the SFT control's solutions
+        (sft_batch_size, else P x G)."""
+        if self.regime == SFT:
+            return self.sft_batch_size or self.prompts_per_step * self.group_size
+        return self.prompts_per_step
 
     @property
     def world_inputs(self) -> dict[str, str]:
