@@ -25,7 +25,13 @@ problems: int = 4  # problems whose logged completions are followed over trainin
 import pandas as pd
 from IPython.display import display
 
-from reward_density.analysis.explore import cell_curves, check_counts, completions_over_training, problem_changes
+from reward_density.analysis.explore import (
+    cell_curves,
+    check_counts,
+    completions_over_training,
+    learned_and_forgotten,
+    problem_changes,
+)
 from reward_density.analysis.load import load_cell
 from reward_density.experiment.profiles import REPO_ROOT
 
@@ -59,8 +65,9 @@ cell_curves(record);
 changes = problem_changes(record.answers)
 print(f"learned {int((changes['change'] > 0).sum())}, forgotten {int((changes['change'] < 0).sum())}, "
       f"of {len(changes)} problems scored at both")
-display(changes.head(top))
-display(changes.tail(top))
+learned, forgotten = learned_and_forgotten(changes, top)
+display(learned)
+display(forgotten)
 
 # %% [markdown]
 # ## How its answers changed

@@ -41,6 +41,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import HTML, display
 
+from reward_density.analysis.explore import check_counts
 from reward_density.analysis.reward_debug import (
     cell_reward_configs,
     coloured_tokens,
@@ -60,6 +61,8 @@ from reward_density.grpo.text_rollout import rollout_from_text
 from reward_density.rewards import check_regime
 
 check_regime(regime)
+check_counts(at_least=1, problems=problems, group_size=group_size)
+check_counts(show=show)
 project = Path(root) if root else REPO_ROOT
 if cell:  # the world and settings the cell trained with, whatever the profile
     configs = cell_reward_configs(project / cell)

@@ -25,7 +25,7 @@ from typing import Optional, Union  # the annotations below are what `papermill 
 
 profile: str = "smoke"  # a profile name (params/<name>.yaml) or the path of a profile file
 regime: str = "outcome"  # the reward: outcome | process | distillation; or sft, the control
-rank: Union[int, str, list] = 1  # LoRA rank, "full", or a list of them trained side by side (stacked)
+rank: Union[int, str, list] = 1  # LoRA rank, "full", or a list trained stacked (papermill: -y 'rank: [1, 2]')
 seed: int = 0  # seeds the adapter initialisation, the problem order and the sampling
 cells_dir: Optional[str] = None  # where each cell's folder goes; None: outputs/<profile>/cells
 # Every setting below left at None takes the profile's value, or the schema default in [brackets]

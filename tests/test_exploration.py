@@ -10,7 +10,13 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from reward_density.analysis.explore import cell_curves, check_counts, completions_over_training, problem_changes
+from reward_density.analysis.explore import (
+    cell_curves,
+    check_counts,
+    completions_over_training,
+    learned_and_forgotten,
+    problem_changes,
+)
 from reward_density.analysis.load import OneCell, load_cell
 from reward_density.analysis.reward_debug import (
     cell_reward_configs,
@@ -178,6 +184,26 @@ def test_a_cell_still_training_compares_only_the_problems_its_last_evaluation_sc
     table = problem_changes(answers)
     assert table["problem_id"].tolist() == ["000", "002", "001"], table
     assert table["change"].tolist() == [1, 0, -1]
+
+
+def test_the_learned_and_forgotten_lists_hold_only_changed_problems_and_none_in_both():
+    changes = pd.DataFrame({"problem_id": ["a", "b", "c", "d"], "change": [1, 0, 0, -1]})
+    learned, forgotten = learned_and_forgotten(changes, top=3)
+    assert learned["problem_id"].tolist() == ["a"] and forgotten["problem_id"].tolist() == ["d"]
+
+
+def test_a_count_below_its_minimum_is_named():
+    with pytest.raises(ValueError, match="problems must be a whole number >= 1, got 0"):
+        check_counts(at_least=1, problems=0, group_size=4)
+
+
+def test_a_stacked_groups_folder_read_as_a_cell_names_its_arms_cell_folders(tmp_path):
+    (tmp_path / "groups" / "process-s0").mkdir(parents=True)
+    for arm in ("process-r1-s0", "process-rfull-s0", "outcome-r1-s0"):
+        (tmp_path / "cells" / arm).mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"this stacked group's arms are cell folders in .*cells: "
+                                                r"process-r1-s0, process-rfull-s0$"):
+        load_cell(tmp_path / "groups" / "process-s0")
 
 
 @pytest.mark.parametrize("value", [-1, 2.5, True, "5"])

@@ -184,3 +184,8 @@ def test_a_method_with_a_seed_more_keeps_its_own_seed_count_and_names_what_was_p
     assert row["n_seeds"] == 3 and row["n_seeds_paired"] == 2, row
     assert "| 90% CI (TOST) |" in table.markdown.splitlines()[0] and "| 2 × " in table.markdown, table.markdown
 
+
+
+def test_no_method_with_finished_cells_is_a_clear_error_not_a_bare_stop_iteration():
+    with pytest.raises(FileNotFoundError, match="no method's study has finished cells to compare"):
+        method_accuracy({}, "outcome", margin=0.05)

@@ -593,3 +593,8 @@ def test_a_learning_rate_sweep_is_a_matrix_axis_with_tagged_cell_names(tmp_path)
                                                  "outcome-rfull-lr0.0001-s0"]
     with pytest.raises(ValueError, match="sweeps 2 learning rates"):
         profile.matrix.learning_rate_of("outcome", 1)
+
+
+def test_a_relative_profile_path_is_found_from_a_notebooks_folder_as_from_the_root(monkeypatch):
+    monkeypatch.chdir(REPO_ROOT / "notebooks")  # where a JupyterLab kernel runs
+    assert find_profile("params/smoke.yaml") == REPO_ROOT / "params" / "smoke.yaml"

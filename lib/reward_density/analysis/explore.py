@@ -11,11 +11,12 @@ from .load import OneCell
 CURVES = ("reward_mean", "advantage_std", "kl_ref", "len_mean", "grad_norm", "loss")  # per-step, where present
 
 
-def check_counts(**counts: int) -> None:
-    """Refuse a count parameter that is not a whole number >= 0 (pandas' head(-1) would quietly drop a row)."""
+def check_counts(at_least: int = 0, **counts: int) -> None:
+    """Refuse a count parameter that is not a whole number >= at_least (pandas' head(-1) would quietly drop a
+    row)."""
     for name, value in counts.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < at_least:
+            raise ValueError(f"{name} must be a whole number >= {at_least}, got {value!r}")
 
 
 SPLIT_NAMES = {"heldout": "held-out", "dev": "dev"}  # a cell's eval_split, as a figure names it
@@ -52,6 +53,12 @@ def problem_changes(answers: pd.DataFrame) -> pd.DataFrame:
     table = table.dropna(subset=["first", "last"])
     table["change"] = (table["last"] - table["first"]).astype(int)
     return table.sort_values(["change", "times_correct"], ascending=[False, False]).reset_index()
+
+
+def learned_and_forgotten(changes: pd.DataFrame, top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Of problem_changes' table, the first `top` problems learned and the last `top` forgotten (never an unchanged
+    one, nor one in both)."""
+    return changes[changes["change"] > 0].head(top), changes[changes["change"] < 0].tail(top)
 
 
 def completions_over_training(completions: pd.DataFrame, problems: int) -> pd.DataFrame:

@@ -130,7 +130,13 @@ def load_cell(folder: str | Path) -> OneCell:
     """Read one cell folder; a table the cell has not written yet is empty."""
     folder = Path(folder)
     if not (folder / cell_folder.PARAMS).is_file():
-        raise FileNotFoundError(f"{folder}: not a cell folder (no {cell_folder.PARAMS})")
+        hint = ""
+        if folder.parent.name == "groups":  # a stacked job's notebook and log; its arms write cells/<arm>/
+            regime, _, seed = folder.name.rpartition("-")
+            cells = folder.parent.parent / "cells"
+            arms = ", ".join(sorted(p.name for p in cells.glob(f"{regime}-r*-{seed}")))
+            hint = f"; this stacked group's arms are cell folders in {cells}: {arms}"
+        raise FileNotFoundError(f"{folder}: not a cell folder (no {cell_folder.PARAMS}){hint}")
 
     def table(name: str) -> pd.DataFrame:
         path = folder / name

@@ -22,10 +22,18 @@ MEMORY_NOTE = (
     "one completion at a time bounds the activations by one completion's.")
 
 
+def baseline_method(studies: dict[str, Cells]) -> str:
+    """The first method's name, the one the others are compared with; a clear error when no method has run."""
+    if not studies:
+        raise FileNotFoundError("no method's study has finished cells to compare: run their profiles first "
+                                "(README, Running the study)")
+    return next(iter(studies))
+
+
 def method_accuracy(studies: dict[str, Cells], regime: str, margin: float, confidence: float = 0.95) -> Table:
     """Per method and arm: final pass@1 (mean and sd over its seeds) and, beside the first (baseline) method, the
     paired difference from it over the seeds and held-out problems both ran, with its TOST verdict at ±margin."""
-    base_name = next(iter(studies))
+    base_name = baseline_method(studies)
     base_final = final_answers(studies[base_name])
     rows = []
     for name, cells in studies.items():
@@ -125,7 +133,7 @@ def write_method_comparison(studies: dict[str, Cells], out_dir: str | Path, regi
         memory_lines = ["## Peak memory of one step", "", MEMORY_NOTE, "", table.markdown]
     plot_method_accuracy(accuracy.frame, out / "figures" / "method_accuracy.png")
     plot_method_curves(studies, regime, out / "figures" / "method_curves.png")
-    base = next(iter(studies))
+    base = baseline_method(studies)
     text = "\n".join([
         f"# {' vs '.join(studies)} ({regime} regime)",
         "",

@@ -322,7 +322,8 @@ NOTEBOOK_CELL = {"profile": "smoke", "regime": "outcome", "rank": 1, "seed": 0, 
 _NOTEBOOK_CELL_LINES = {
     "profile": 'profile: str = "smoke"  # a profile name (params/<name>.yaml) or the path of a profile file',
     "regime": 'regime: str = "outcome"  # the reward: outcome | process | distillation; or sft, the control',
-    "rank": 'rank: Union[int, str, list] = 1  # LoRA rank, "full", or a list of them trained side by side (stacked)',
+    "rank": 'rank: Union[int, str, list] = 1  # LoRA rank, "full", or a list trained stacked (papermill: '
+            "-y 'rank: [1, 2]')",
     "seed": "seed: int = 0  # seeds the adapter initialisation, the problem order and the sampling",
     "cells_dir": "cells_dir: Optional[str] = None  # where each cell's folder goes; None: outputs/<profile>/cells",
 }

@@ -241,10 +241,13 @@ def resolve_world_entry(value: str, root: Path) -> str:
 
 
 def find_profile(spec: str, root: Path = REPO_ROOT) -> Path:
-    """The YAML file of a profile given by name (looked up in root/params) or by path, as an absolute path: the
-    cells and stage notebooks it is passed to run in root, not in the caller's folder."""
+    """The YAML file of a profile given by name (looked up in root/params) or by path (relative: to the current
+    folder, else to root, as a notebook's other paths), as an absolute path: the cells and stage notebooks it is
+    passed to run in root, not in the caller's folder."""
     if spec.endswith((".yaml", ".yml")) or "/" in spec:
         path = Path(spec)
+        if not path.is_file() and not path.is_absolute() and (root / path).is_file():  # a kernel in notebooks/
+            path = root / path
     else:
         path = root / "params" / f"{spec}.yaml"
     if not path.is_file():
