@@ -56,8 +56,8 @@ def base_eval_key(config: CellConfig) -> str:
              config.problem_subsets]
     if config.answer_format != "boxed":  # keys of boxed-answer evaluations stay what they were before the option
         parts.append(config.answer_format)
-    if config.precision != "fp32" and config.rank is None:  # FullFT evaluates its fp32 master copy under autocast,
-        parts.append("fp32 master copy")                    # a LoRA arm the student stored in bf16 (cell.load_inputs)
+    if config.student_precision != config.precision:  # under bf16, FullFT's fp32 master copy (under autocast)
+        parts.append("fp32 master copy")
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
 

@@ -116,9 +116,8 @@ def load_inputs(config: CellConfig, checker: Checker) -> CellInputs:
     train, heldout = load_problem_splits(config, checker)
     dev = load_dev_problems(config, checker)
     tokenizer = load_tokenizer(config.student)
-    frozen = frozen_dtype(config.precision)  # FullFT's student is its fp32 master copy; the rest never changes
-    student_dtype = torch.float32 if config.rank is None or config.engine == "stacked" else frozen
-    student = load_causal_lm(config.student, dtype=student_dtype, device=config.device, what="student")
+    student = load_causal_lm(config.student, dtype=frozen_dtype(config.student_precision), device=config.device,
+                             what="student")
     return CellInputs(train, heldout, tokenizer, student, load_reward(config, checker, tokenizer), checker, dev)
 
 

@@ -288,6 +288,12 @@ class CellConfig:
         return cls(**{k: v for k, v in values.items() if k in known} | {"rank": parse_rank(values["rank"])})
 
     @property
+    def student_precision(self) -> str:
+        """How the cell holds the student: FullFT keeps fp32 master weights (and the stacked engine runs fp32), a
+        peft LoRA arm stores it frozen in the cell's precision."""
+        return "fp32" if self.rank is None or self.engine == "stacked" else self.precision
+
+    @property
     def problems_per_step(self) -> int:
         """The problems a training step draws: P prompts, each sampled G times, or the SFT control's solutions
         (sft_batch_size, else P x G)."""

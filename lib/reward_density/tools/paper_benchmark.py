@@ -277,8 +277,8 @@ def _time_arm(world: World, cells: dict[str, CellConfig], config: PaperBenchConf
               probe: dict[str, float]) -> dict[str, Any]:
     before = _graphs_compiled()
     first = cells[config.regimes[0]]
-    dtype = torch.float32 if first.rank is None else frozen_dtype(first.precision)
-    student = random_model(world.shapes["student"], world.tokenizer, config.device, dtype, config.seed)
+    student = random_model(world.shapes["student"], world.tokenizer, config.device,
+                           frozen_dtype(first.student_precision), config.seed)
     policy = make_policy([first], student)
     optimizer = make_optimizer([first], policy)
     settings = {regime: step_config(cell) for regime, cell in cells.items()}
@@ -413,7 +413,7 @@ def time_trl(world: World, cell: CellConfig, config: PaperBenchConfig, workdir: 
     import trl
 
     folder = workdir / f"trl-student-{cell.rank}"
-    dtype = torch.float32 if cell.rank is None else frozen_dtype(cell.precision)
+    dtype = frozen_dtype(cell.student_precision)  # TRL's student held as our arm holds it
     random_model(world.shapes["student"], world.tokenizer, config.device, dtype, config.seed).save_pretrained(folder)
     world.tokenizer.save_pretrained(folder)
     rows = cell.prompts_per_step * cell.group_size
