@@ -17,8 +17,10 @@
 # reasoning step it belongs to and the deposit every reward module puts on it: **outcome** (one deposit, on
 # the last token: is the `\boxed{}` answer right), **process** (the PRM's P(+) on each step's last token),
 # **distillation** (the teacher's log-prob minus the student's, on every token). For sampled groups it also
-# shows the advantages GRPO derives from the chosen regime's deposits (paper Eq. 3-4): the weights the loss
-# puts on each token's log-prob. Last, what the outcome checker decided about each answer, and why.
+# shows the weights the loss puts on each token's log-prob, as the profile's method computes them from the
+# chosen regime's deposits: GRPO's advantages (paper Eq. 3-4), T-SPMO's prefix-trie advantages times the
+# token's probability, and 0 on a token that S-GRPO's selection leaves out of the loss (called "advantage" in
+# the tables). Last, what the outcome checker decided about each answer, and why.
 
 # %% tags=["parameters"]
 from typing import Optional
@@ -54,7 +56,7 @@ from reward_density.analysis.reward_debug import (
 )
 from reward_density.data.answer_check import make_checker
 from reward_density.data.sources import load_causal_lm, load_tokenizer
-from reward_density.experiment.cell import load_problem_splits, load_reward
+from reward_density.experiment.cell import load_problem_splits, load_reward, step_config
 from reward_density.experiment.profiles import REPO_ROOT, find_profile, load_profile
 from reward_density.grpo.sampler import SamplingConfig, sample_rollout
 from reward_density.grpo.text_rollout import rollout_from_text
@@ -97,7 +99,7 @@ else:
     sampling = SamplingConfig(config.max_new_tokens, temperature=config.temperature, top_p=config.top_p)
     rollout = sample_rollout(student, tokenizer, heldout, group_size, sampling, seed)
     print(f"{rollout.num_completions} completions sampled: {group_size} for each of {len(heldout)} problems")
-trace = trace_rewards(rollout, rewards, checker, config.advantage_eps, grouped=not cell)
+trace = trace_rewards(rollout, rewards, checker, None if cell else step_config(config), seed)
 
 # %% [markdown]
 # ## Every completion at a glance

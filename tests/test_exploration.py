@@ -2,6 +2,7 @@
 run on the smoke world and show what they promise."""
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import nbformat
@@ -33,7 +34,11 @@ from reward_density.experiment import cell_folder
 from reward_density.experiment.cell import CellWriter
 from reward_density.experiment.profiles import REPO_ROOT, cell_config, load_profile
 from reward_density.grpo.deposits import Deposits
+from reward_density.grpo.prefix_trie import prefix_advantages
+from reward_density.grpo.sampler import SamplingConfig
+from reward_density.grpo.step import StepConfig
 from reward_density.grpo.text_rollout import rollout_from_text
+from reward_density.grpo.token_selection import TokenSelection
 from reward_density.run.cli import main
 from reward_density.run.notebooks import execute_notebook
 
@@ -131,24 +136,30 @@ def test_a_text_rollout_ends_each_completion_with_eos_unless_it_was_cut(tiny_tok
         rollout_from_text(tiny_tokenizer, problems, ["3", "4"], group_size=2)  # scored after one shared prompt
 
 
+def last_token_reward(r) -> Deposits:
+    """An outcome-shaped deposit: 1 on the last token of row 0, 0 on the last token of the others."""
+    mask = r.completion_mask.bool()
+    rewards = torch.zeros(mask.shape)
+    last = mask.sum(-1) - 1
+    rewards[0, last[0]] = 1.0
+    deposit_mask = torch.zeros_like(mask)
+    deposit_mask[torch.arange(len(mask)), last] = True
+    return Deposits(rewards, deposit_mask, rewards.sum(-1))
+
+
+class FirstRightChecker:
+    def check(self, golds, completions):
+        return [Verdict.CORRECT] + [Verdict.UNPARSABLE] * (len(completions) - 1)
+
+
+def grpo_step(**method) -> StepConfig:
+    return StepConfig(group_size=2, sampling=SamplingConfig(max_new_tokens=16), **method)
+
+
 def test_each_deposit_sits_on_its_token_and_each_token_in_its_step(tiny_tokenizer):
     problems = [Problem("a", "Problem: 1 + 2 = ?\n", "3")] * 2
     rollout = rollout_from_text(tiny_tokenizer, problems, ["1 + 2\n= 3", "5"], group_size=2)
-
-    def last_token_reward(r) -> Deposits:  # an outcome-shaped deposit: 1 on the last token of row 0
-        mask = r.completion_mask.bool()
-        rewards = torch.zeros(mask.shape)
-        last = mask.sum(-1) - 1
-        rewards[0, last[0]] = 1.0
-        deposit_mask = torch.zeros_like(mask)
-        deposit_mask[torch.arange(2), last] = True
-        return Deposits(rewards, deposit_mask, rewards.sum(-1))
-
-    class Checker:
-        def check(self, golds, completions):
-            return [Verdict.CORRECT, Verdict.UNPARSABLE]
-
-    trace = trace_rewards(rollout, {"outcome": last_token_reward}, Checker(), advantage_eps=1e-4)
+    trace = trace_rewards(rollout, {"outcome": last_token_reward}, FirstRightChecker(), grpo_step())
     table = token_table(tiny_tokenizer, trace, 0)
     assert table["outcome"].notna().tolist() == [False] * (len(table) - 1) + [True], "one deposit, on the last token"
     assert table["step"].iloc[0] == 1 and table["step"].max() == 2, "two reasoning steps (lines)"
@@ -156,6 +167,27 @@ def test_each_deposit_sits_on_its_token_and_each_token_in_its_step(tiny_tokenize
     assert table["outcome advantage"].iloc[0] > 0, "the rewarded completion's tokens get a positive advantage"
     summary = completion_table(trace, timeout_seconds=5)
     assert summary["steps"].tolist() == [2, 1] and summary["verdict"].tolist() == ["correct", "unparsable"]
+
+
+def test_the_traced_weights_are_the_methods_loss_weights(tiny_tokenizer):
+    problems = [Problem("a", "Problem: 1 + 2 = ?\n", "3")] * 2
+    rollout = rollout_from_text(tiny_tokenizer, problems, ["1 + 2\n= 3", "1 + 5"], group_size=2)
+    rollout = dataclasses.replace(rollout, sampler_logps=-0.5 * rollout.completion_mask)  # p = e^-0.5 per token
+    rewards, checker = {"outcome": last_token_reward}, FirstRightChecker()
+
+    tspmo = trace_rewards(rollout, rewards, checker, grpo_step(advantage_estimator="prefix_trie")).advantages
+    trie, unique = prefix_advantages(rollout.completion_ids, rollout.completion_mask, torch.tensor([1.0, 0.0]), 2)
+    expected = trie * torch.exp(torch.tensor(-0.5)) * rollout.completion_mask
+    torch.testing.assert_close(tspmo["outcome"] * rollout.completion_mask, expected,
+                               msg="T-SPMO's weight is its prefix-trie advantage times the token's probability")
+    shared = rollout.completion_mask.bool() & ~unique
+    assert shared.any() and (tspmo["outcome"][shared] == 0).all(), \
+        "the shared prefix '1 + ' carries no T-SPMO weight, where GRPO's advantages weight it"
+
+    selection = grpo_step(token_selection=TokenSelection(alpha=1, k=1, p=0.0))
+    sgrpo = trace_rewards(rollout, rewards, checker, selection).advantages["outcome"]
+    kept = sgrpo != 0
+    assert kept.sum(-1).tolist() == [1, 1] and kept[:, 0].all(), "S-GRPO (alpha 1, k 1) weights only the first token"
 
 
 @pytest.mark.parametrize("verdict, completion, expected", [

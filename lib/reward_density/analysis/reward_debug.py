@@ -1,8 +1,8 @@
 """Inside a reward, token by token: the logic of notebooks/reward_debug.py.
 
 For a few completions (sampled, or logged by a cell), what each reward module deposits on which token,
-which reasoning step each token belongs to, the group's advantages, and what the outcome checker decided
-about the answer and why.
+which reasoning step each token belongs to, the weight the loss puts on each token, and what the outcome
+checker decided about the answer and why.
 """
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from ..data.steps import split_steps, step_end_tokens
 from ..experiment.cell import load_problem_splits
 from ..experiment.config import CellConfig
 from ..experiment.profiles import Profile, cell_config
-from ..grpo.advantages import compute_advantages
 from ..grpo.deposits import Deposits, RewardModule
 from ..grpo.logprobs import completion_logprobs
 from ..grpo.rollout import Rollout
+from ..grpo.step import StepConfig, loss_inputs
 from ..rewards import REGIMES
 from .load import load_cell
 
@@ -38,15 +38,22 @@ class RewardTrace:
     verdicts: list[Verdict]
 
 
-def trace_rewards(rollout: Rollout, rewards: dict[str, RewardModule], checker: Checker, advantage_eps: float,
-                  grouped: bool = True) -> RewardTrace:
-    """Every reward's deposits and, for rows that form GRPO groups, their advantages (the loss's inputs,
-    paper Eq. 3-4); the outcome checker's verdicts."""
+def trace_rewards(rollout: Rollout, rewards: dict[str, RewardModule], checker: Checker, step: StepConfig | None,
+                  seed: int = 0) -> RewardTrace:
+    """Every reward's deposits and, given the step's settings (rows that form its groups), the weight the loss
+    puts on each token's log-prob, as a step with this seed computes it; the outcome checker's verdicts."""
     deposits = {regime: reward(rollout) for regime, reward in rewards.items()}
-    advantages = {regime: compute_advantages(d.token_rewards, d.deposit_mask, rollout.completion_mask,
-                                             rollout.group_size, advantage_eps)
-                  for regime, d in deposits.items()} if grouped else None
+    step = None if step is None else replace(step, group_size=rollout.group_size)
+    advantages = None if step is None else {regime: token_weights(rollout, d, step, seed)
+                                            for regime, d in deposits.items()}
     return RewardTrace(rollout, deposits, advantages, checker.check(rollout.answers, rollout.completions))
+
+
+def token_weights(rollout: Rollout, deposits: Deposits, step: StepConfig, seed: int) -> torch.Tensor:
+    """[N, T] what the loss weights each token's log-prob by (loss_inputs): GRPO's advantages (Eq. 3-4) or
+    T-SPMO's, 0 on a token that the method's selection leaves out of the loss."""
+    weights, subset = loss_inputs(rollout, deposits, step, seed)
+    return weights if subset is None else weights * subset
 
 
 def scored_by(rollout: Rollout, student: torch.nn.Module, temperature: float) -> Rollout:
