@@ -82,8 +82,11 @@ case "${1:-}" in
          if [ -f "$board_profile" ]; then  # a profile file's path: its outputs are under its name
            board_profile="$(basename "$board_profile" .yaml)"
          elif [ ! -f "params/$board_profile.yaml" ]; then  # a typo would serve an empty board, silently
-           [[ "$board_profile" == */* || "$board_profile" == *.yaml ]] && board_profile="$(basename "$board_profile" .yaml)"
-           echo "board: no profile params/$board_profile.yaml; profiles: $(cd params && ls *.yaml | sed 's/\.yaml$//' | xargs)" >&2
+           if [[ "$board_profile" == */* || "$board_profile" == *.yaml ]]; then
+             echo "board: no profile file $board_profile" >&2
+           else
+             echo "board: no profile params/$board_profile.yaml; profiles: $(cd params && ls *.yaml | sed 's/\.yaml$//' | xargs)" >&2
+           fi
            exit 2
          fi
          setup; exec "$VENV/bin/tensorboard" --logdir "outputs/$board_profile/cells" ;;

@@ -37,6 +37,13 @@ def test_the_board_of_a_profile_that_does_not_exist_is_refused_with_the_profiles
     assert "no profile params/minii.yaml" in done.stderr and " mini " in done.stderr, done.stderr
 
 
+def test_the_board_of_a_profile_file_that_does_not_exist_names_that_file():
+    done = subprocess.run([str(ROOT / "run_all.sh"), "board", "elsewhere/mini.yaml"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "no profile file elsewhere/mini.yaml" in done.stderr, \
+        f"a missing profile file is reported as a missing params/ profile: {done.stderr}"
+
+
 def test_papers_refuses_a_profile_of_its_own_which_would_replace_every_papers():
     done = subprocess.run([str(ROOT / "run_all.sh"), "papers", "--jobs", "1", "--profile", "smoke"],
                           capture_output=True, text=True, timeout=60)
