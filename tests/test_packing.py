@@ -8,6 +8,7 @@ from reward_density.data.problems import Problem
 from reward_density.grpo import logprobs as padded
 from reward_density.grpo import packing
 from reward_density.grpo.qwen3 import weights_of
+from reward_density.grpo.rollout import Rollout
 from reward_density.grpo.sampler import SamplingConfig, sample_rollout
 from reward_density.grpo.stacked import completion_logprobs
 from reward_density.tools.stand_ins import build_qwen3
@@ -64,3 +65,21 @@ def test_a_row_longer_than_every_candidate_gets_a_width_of_its_own_length(model,
     monkeypatch.setattr(packing, "PACK_WIDTHS", (1,))
     longest = max(p + c for p, c in real_lengths(rollout))
     assert packing.pack(rollout, weights_of(model)).ids.shape[2] == longest
+
+
+
+@pytest.mark.parametrize("empty_row", [0, 1, 3])
+def test_an_empty_completion_scores_nothing_and_shifts_no_other_rows_log_probs(model, empty_row):
+    ids = torch.Generator().manual_seed(0)
+    prompt = torch.randint(2, model.config.vocab_size, (1, 5), generator=ids).repeat(4, 1)
+    completions = torch.randint(2, model.config.vocab_size, (4, 6), generator=ids)
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    mask[empty_row] = False  # no token at all, which no sampler gives but a caller could pass
+    mask[(empty_row + 1) % 4, 3:] = False
+    rollout = Rollout(prompt, torch.ones_like(prompt, dtype=torch.bool), completions, mask, torch.zeros(4, 6),
+                      torch.zeros(4, dtype=torch.bool), 2, [""] * 4, [""] * 4, [None] * 4)
+    with torch.no_grad():
+        ours = completion_logprobs(weights_of(model), rollout, 1.0)
+        theirs = padded.completion_logprobs(model, prompt, rollout.prompt_mask, completions, mask, 1.0)
+    torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=1e-4,
+                               msg="an empty completion moved the predictors of the rows packed after it")

@@ -133,8 +133,10 @@ def _tensors(sequences: list[list[_Sequence]], tokens: list[tuple[list[int], lis
             branch_of[arm, b, used] = torch.tensor(sequence.branch_of)
             for row, prompt_last, start in sequence.completions:
                 completion, offset = tokens[row][1], b * width
-                # The prompt's last token predicts the first completion token, each completion token the next.
-                predictors[arm] += [offset + prompt_last] + [offset + start + j for j in range(len(completion) - 1)]
+                # The prompt's last token predicts the first completion token, each completion token the next
+                # (an empty completion has no target, so none of them).
+                slots = [offset + prompt_last] + [offset + start + j for j in range(len(completion) - 1)]
+                predictors[arm] += slots[: len(completion)]
                 targets[arm] += completion
                 rows += [row] * len(completion)
                 columns += list(range(len(completion)))
