@@ -97,10 +97,10 @@ print(tables.power_markdown(equivalence.frame))
 # ## The rank each regime needs, and the answer
 #
 # The question read off the verdicts. A rank matches FullFT when it is equivalent or significantly ahead, and is
-# behind when significantly below. If more rank never needs less, the needed rank lies above every rank behind and
-# at or below the smallest rank that matches; inconclusive ranks between the two leave it open. Regimes of
-# different densities are ordered only where those ranges do not overlap. The SFT control says whether these
-# statistics see LoRA fall behind FullFT where it does.
+# behind when significantly below without equivalence shown. If more rank never needs less, the needed rank lies
+# above every rank behind and at or below the smallest rank that matches; inconclusive ranks between the two leave
+# it open. Regimes of different densities are ordered only where those ranges do not overlap. The SFT control says
+# whether these statistics see LoRA fall behind FullFT where it does.
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -318,6 +318,19 @@ def test_arms_whose_seeds_scored_disjoint_problems_are_skipped_with_reason_not_a
     assert "no problem answered in every shared seed" in gains.loc["r1", "reason"]
 
 
+def test_a_rank_whose_cells_failed_in_one_regime_is_a_skipped_row_there_not_a_gap_in_its_grid(tmp_path):
+    for seed in (0, 1):
+        for rank in (1, 2, None):
+            write_cell(tmp_path, "outcome", rank, seed, 6)
+        for rank in (2, None):  # process r1 failed
+            write_cell(tmp_path, "process", rank, seed, 6)
+    frame = equivalence_table(load_cells(tmp_path), margin=0.05).frame.set_index(["regime", "rank"])
+    assert frame.loc[("process", 1), "verdict"] == "skipped", \
+        "a rank absent from one regime would let its needed rank be pinned across a rank never compared"
+    assert frame.loc[("process", 1), "reason"] == "no answers for this LoRA arm"
+    assert frame.loc[("process", 2), "verdict"] != "skipped"
+
+
 def test_a_gain_is_its_tables_final_minus_its_base_when_seeds_scored_different_problems(tmp_path):
     problems = [f"{i:03d}" for i in range(N_PROBLEMS)]
     for seed, final in enumerate([6, 8]):

@@ -196,3 +196,11 @@ def test_the_sweep_report_says_which_split_its_cells_were_scored_on(tmp_path, sp
             (folder / "params.json").write_text(json.dumps({"eval_split": split}))
     text = write_sweep_report(load_cells(tmp_path / "study"), tmp_path / "out", "test").read_text()
     assert said in text, text[:400]
+
+
+def test_a_sweep_of_the_sft_control_says_its_dev_split_holds_the_facts_its_verdicts_score(tmp_path):
+    sweep(tmp_path / "study", regimes=("outcome", "sft"))
+    for folder in (tmp_path / "study" / "cells").iterdir():
+        (folder / "params.json").write_text(json.dumps({"eval_split": "dev"}))
+    text = write_sweep_report(load_cells(tmp_path / "study"), tmp_path / "out", "test").read_text()
+    assert "except the SFT control's: its dev split holds its held-out facts" in text, text[:600]

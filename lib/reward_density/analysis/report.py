@@ -132,10 +132,10 @@ INTERVAL = ("two-way random-effects interval over seeds and problems (crossed): 
 
 
 RANK_NEEDED = ("The study's question read off the verdicts above (rank_needed.py). A rank matches FullFT when it is "
-               "equivalent or significantly ahead, and is behind when significantly below; assuming that more rank "
-               "never needs less, the needed rank lies above every rank behind and at or below the smallest rank that "
-               "matches, and inconclusive ranks between the two leave it open; the power table's projection says "
-               "what would decide them.")
+               "equivalent or significantly ahead, and is behind when significantly below without equivalence shown; "
+               "assuming that more rank never needs less, the needed rank lies above every rank behind and at or below "
+               "the smallest rank that matches, and inconclusive ranks between the two leave it open; the power "
+               "table's projection says what would decide them.")
 
 
 CAPACITY = ("The arithmetic behind the question (capacity.py): a reward carries about one bit per deposit, and a "

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..experiment.config import FULL
+from ..experiment.config import FULL, SFT
 from .dynamics import PLATEAU_REGIMES, PLATEAU_SHARE, is_plateau, last_quarter_share, mean_curve, share_text
 from .load import Cells, in_regime_order, regimes
 from .report import planned_sentence, provenance_sentence, world_sentence
@@ -137,6 +137,10 @@ def _criterion_text(by: str) -> str:
 def _split_sentence(cells: Cells) -> str:
     """Which problems the sweep's cells were scored on, as their params.json records it."""
     splits = {params.get("eval_split") for params in cells.params.values()}
+    if splits == {"dev"} and SFT in regimes(cells):
+        return ("Evaluated on the world's dev problems, never on the study's held-out set, except the SFT control's: "
+                "its dev split holds its held-out facts in another order (it is scored on recalling what it was "
+                "taught), so its rates are chosen on the facts its verdicts score.")
     if splits == {"dev"}:
         return "Evaluated on the world's dev problems, never on the study's held-out set."
     if None in splits:

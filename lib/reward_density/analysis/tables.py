@@ -111,14 +111,17 @@ def equivalence_table(cells: Cells, margin: float, confidence: float = 0.95,
     TOST verdict, and the power the comparison had: the half-width of the TOST interval and the minimum
     detectable difference (80% power, at the level of the test behind "different": two-sided, 1 - confidence),
     and the seeds a powered TOST would need. answers: other per-problem answers to compare, in the
-    regimes they cover (stopping.py's at each cell's dev-chosen step); unset, every cell's final ones."""
+    regimes they cover (stopping.py's at each cell's dev-chosen step); unset, every cell's final ones. Each regime
+    gets a row for every rank any compared regime ran, skipped where it has no answers, so that a rank whose cells
+    failed in one regime leaves that regime's needed rank open rather than absent from its grid."""
     compared = regimes(cells) if answers is None else [r for r in regimes(cells) if r in set(answers["regime"])]
     answers = final_answers(cells) if answers is None else answers
+    of_compared = cells.summaries[cells.summaries["regime"].isin(compared)]
+    ranks = sorted(int(r) for r in of_compared["rank"].dropna().unique())
     rows = []
     for regime in compared:
-        of_regime = cells.summaries[cells.summaries["regime"] == regime]
         full = _answers_of(answers, regime, None)
-        for rank in sorted(int(r) for r in of_regime["rank"].dropna().unique()):
+        for rank in ranks:
             row = {"regime": regime, "rank": rank, "arm": arm_name(rank)}
             lora = _answers_of(answers, regime, rank)
             reason = _skip_reason(lora, full)

@@ -34,7 +34,8 @@ class Qwen3Shape:
     head_dim: int
     eps: float
     inv_freq: torch.Tensor
-    padding_idx: int | None  # the embedding row that never receives a gradient (transformers' padding_idx)
+    padding_idx: int | None  # the row the embedding lookup sends no gradient to (transformers' padding_idx); tied
+                             # embeddings still give it one through the LM head
 
     @classmethod
     def of(cls, model: Qwen3ForCausalLM) -> Qwen3Shape:
