@@ -158,6 +158,26 @@ def test_one_stacked_step_is_each_arms_own_grpo_step(model, tiny_tokenizer, rewa
     assert all(row["arms"] == len(CONFIGS) for row in rows)
 
 
+def test_an_arm_trains_alike_alone_and_beside_other_arms_one_of_them_of_rank_above_the_hidden_size(model,
+                                                                                                   tiny_tokenizer):
+    config = StepConfig(group_size=2, sampling=SamplingConfig(10, temperature=0.9), loss=LossConfig(beta=0.05),
+                        max_grad_norm=0.5)
+
+    def trained(configs: list[PolicyConfig], rates: list[float]) -> dict[str, torch.Tensor]:
+        stacked = StackedPolicy(copy.deepcopy(model), configs, SEED)
+        optimizer = torch.optim.SGD([{"params": stacked.parameters(a), "lr": lr} for a, lr in enumerate(rates)])
+        for step in range(3):
+            stacked_grpo_step(stacked, tiny_tokenizer, optimizer, PROBLEMS, dense_reward, config, seed=20 + step)
+        return stacked.named_parameters(0)
+
+    hidden = model.config.hidden_size
+    alone = trained([PolicyConfig(rank=1)], [3e-3])
+    beside = trained([PolicyConfig(rank=1), PolicyConfig(rank=2 * hidden), PolicyConfig(rank=None)], [3e-3, 1e-2, 1e-3])
+    for name, weight in alone.items():
+        torch.testing.assert_close(beside[name], weight, atol=1e-6, rtol=1e-5,
+                                   msg=f"rank 1's {name} depends on the arms stacked beside it")
+
+
 def test_only_what_the_stacked_engine_reproduces_is_accepted(model):
     for bad in (PolicyConfig(rank=2, dropout=0.1), PolicyConfig(rank=2, precision="bf16")):
         with pytest.raises(ValueError, match="stacked engine"):
