@@ -28,12 +28,14 @@ def test_wrap_gold_boxes_bare_answers_and_leaves_boxed_ones_alone():
 
 @pytest.mark.parametrize("text, answered", [
     (r"so the answer is \boxed{18}.", True),
-    (r"so the answer is \fbox{18}.", True),
-    (r"so the answer is \boxed 18", True),  # math-verify reads these too
+    (r"so the answer is \boxed 18", True),  # math-verify reads this too
+    (r"so the answer is \fbox{18}.", True),  # a box, though math-verify reads an \fbox only inside $...$
     ("so the answer is 18.", False),
     (r"so the answer is \boxed{1", False),  # cut off inside its box: no answer to read
+    (r"the answer is \boxed{}.", False),  # an empty box holds no answer
+    (r"the answer is \boxed{ }.", False),
 ])
-def test_an_answer_counts_as_given_where_the_checker_finds_a_box_to_read(text, answered):
+def test_an_answer_counts_as_given_where_a_non_empty_box_holds_one(text, answered):
     assert AnswerChecker.has_answer(text) is answered, f"has_answer({text!r})"
 
 

@@ -194,6 +194,8 @@ def test_the_traced_weights_are_the_methods_loss_weights(tiny_tokenizer):
     (Verdict.CORRECT, "so \\boxed{7}", "the answer 7 equals the gold 7"),
     (Verdict.WRONG, "so \\boxed{8}", "the answer 8 does not equal the gold 7"),
     (Verdict.UNPARSABLE, "so 8", "no \\boxed{} answer"),
+    (Verdict.UNPARSABLE, "so \\fbox{7}", "math-verify does not read the box {7}"),
+    (Verdict.WRONG, "\\boxed{6} wait no \\boxed{7}", "2 boxed answers, the last 7: math-verify's reading of them"),
     (Verdict.TIMEOUT, "so \\boxed{x^x^x}", "longer than 5 s"),
 ])
 def test_the_verdict_reason_says_why(verdict, completion, expected):

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from ..data.answer_check import Checker, Verdict, last_boxed, last_number
+from ..data.answer_check import Checker, Verdict, count_boxes, last_boxed, last_number
 from ..data.problems import Problem
 from ..data.steps import split_steps, step_end_tokens
 from ..experiment.cell import load_problem_splits
@@ -69,11 +69,13 @@ def verdict_reason(verdict: Verdict, completion: str, gold: str | None, timeout_
     """Why the outcome checker decided what it did, in words."""
     if verdict is Verdict.TIMEOUT:
         return f"math-verify took longer than {timeout_seconds:g} s on this completion: counted as not correct"
-    boxed, number = last_boxed(completion), last_number(completion)
+    boxed, number, boxes = last_boxed(completion), last_number(completion), count_boxes(completion)
     if verdict is Verdict.UNPARSABLE:
-        where = "no \\boxed{} answer" if boxed is None else f"\\boxed{{{boxed}}} is not parsable"
+        where = "no \\boxed{} answer" if boxed is None else f"math-verify does not read the box {{{boxed}}}"
         return f"no answer to compare ({where}{'' if number is not None else ', no number'})"
     relation = "equals" if verdict is Verdict.CORRECT else "does not equal"
+    if boxes > 1 and verdict is Verdict.WRONG:  # math-verify may read them as one set (README, math-verify)
+        return f"{boxes} boxed answers, the last {boxed}: math-verify's reading of them does not equal the gold {gold}"
     shown = boxed if boxed is not None else f"{number} (outside a box)" if number is not None else "(none found)"
     return f"the answer {shown} {relation} the gold {gold}"
 

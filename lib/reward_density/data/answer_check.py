@@ -66,6 +66,11 @@ def last_boxed(text: str) -> str | None:
     return answer or None
 
 
+def count_boxes(text: str) -> int:
+    """How many \\boxed or \\fbox commands the text holds."""
+    return len(_BOX.findall(text))
+
+
 _NUMBER = re.compile(r"(?:(?<!\d)-)?\d+(?:\.\d+)?")  # a minus right after a digit is a dash ("1600-1692")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")  # "1,692": a comma inside a number; "5,-3" keeps its comma
 _INTEGER = re.compile(r"-?\d+")
@@ -150,9 +155,10 @@ class AnswerChecker:
 
     @staticmethod
     def has_answer(text: str) -> bool:
-        """Whether a completion states an answer in the form this checker reads: a closed \\boxed{} or \\fbox{}, or
-        a brace-less `\\boxed 5` (last_boxed)."""
-        return last_boxed(text) is not None
+        """Whether a completion puts an answer in a box: a closed, non-empty \\boxed{} or \\fbox{}, or a brace-less
+        `\\boxed 5` (last_boxed). A box counts whether or not math-verify reads it (an \\fbox only inside $...$)."""
+        boxed = last_boxed(text)
+        return boxed is not None and boxed.strip() != ""
 
     def check(self, golds: Sequence[str], completions: Sequence[str]) -> list[Verdict]:
         """Verdict for each (gold, completion) pair; raises ValueError if a gold does not parse.
