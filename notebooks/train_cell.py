@@ -103,6 +103,7 @@ from reward_density.experiment.profiles import find_profile, group_configs, load
 settings = {f.name: globals()[f.name] for f in notebook_settings() if globals()[f.name] is not None}
 ranks = rank if isinstance(rank, list) else [rank]
 configs = group_configs(load_profile(find_profile(profile)), regime, ranks, seed, cells_dir=cells_dir, **settings)
+cell.check_can_train(configs)
 for config in configs:
     batch = f"{config.problems_per_step} solutions" if config.regime == SFT else \
         f"P={config.prompts_per_step} x G={config.group_size}"

@@ -8,9 +8,10 @@ import nbformat
 import papermill
 import pytest
 
-from reward_density.experiment.cell import lr_factor
+from reward_density.experiment.cell import check_can_train, lr_factor
 from reward_density.experiment.config import CellConfig, cell_name, notebook_settings, parameters_cell, parse_cell_name
-from reward_density.experiment.profiles import REPO_ROOT, cell_config, find_profile, load_profile
+from reward_density.experiment.profiles import REPO_ROOT, cell_config, find_profile, group_configs, load_profile
+from reward_density.run.notebooks import NotebookFailed, execute_notebook
 
 NOTEBOOK = REPO_ROOT / "notebooks" / "train_cell.py"
 
@@ -39,6 +40,23 @@ def test_papermill_shows_a_type_for_every_notebook_parameter(tmp_path):
     assert list(shown) == expected
     assert (shown["steps"]["inferred_type_name"] == "Optional[int]"
             and shown["rank"]["inferred_type_name"] == "Union[int, str, list]")
+
+
+def test_the_notebook_refuses_to_train_over_a_finished_cell_before_loading_anything(tmp_path):
+    finished = tmp_path / "cells" / "outcome-r1-s0"
+    finished.mkdir(parents=True)
+    (finished / "summary.json").write_text('{"steps": 2}')
+    with pytest.raises(NotebookFailed, match="a finished cell is there, which training would replace"):
+        execute_notebook(NOTEBOOK, tmp_path / "out.ipynb", {"profile": "smoke", "cells_dir": str(tmp_path / "cells")},
+                         cwd=REPO_ROOT)
+    assert (finished / "summary.json").read_text() == '{"steps": 2}', "the finished cell's results were replaced"
+    assert sorted(p.name for p in finished.iterdir()) == ["summary.json"]
+
+
+def test_arms_that_cannot_train_together_are_refused_before_anything_loads():
+    configs = group_configs(load_profile(find_profile("smoke")), "outcome", [1, 2], 0, engine="peft")
+    with pytest.raises(ValueError, match="several arms together need engine: stacked"):
+        check_can_train(configs)
 
 
 def test_every_setting_has_a_doc_a_check_and_a_section():

@@ -307,6 +307,16 @@ def check_group(configs: list[CellConfig]) -> None:
         raise ValueError("engine peft trains one cell per process; several arms together need engine: stacked")
 
 
+def check_can_train(configs: list[CellConfig]) -> None:
+    """Refuse a group before anything loads: arms that cannot train together (check_group), or a folder that holds
+    a finished cell, whose results the run would replace."""
+    check_group(configs)
+    finished = [str(c.out_dir) for c in configs if cell_folder.is_finished(Path(c.out_dir))]
+    if finished:
+        raise FileExistsError(f"{', '.join(finished)}: a finished cell is there, which training would replace; "
+                              "give another cells_dir, or delete the folder to train it again")
+
+
 def make_policy(configs: list[CellConfig], student: torch.nn.Module) -> Policy | StackedPolicy:
     """Every arm's adapter (initialised from the cells' seed) or full copy: a Policy, or a StackedPolicy."""
     check_group(configs)
