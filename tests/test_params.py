@@ -503,6 +503,20 @@ def test_a_key_given_twice_is_refused_naming_it_rather_than_the_last_kept(tmp_pa
     assert "found the key 'group_size' twice" in error_of(tmp_path, nested)
 
 
+def test_a_key_that_is_a_list_or_mapping_is_refused_as_yaml_naming_the_file(tmp_path):
+    text = yaml.safe_dump(tiny(), sort_keys=False)
+    message = error_of(tmp_path, text + "extra: {[1, 2]}\n")  # braces typed for brackets: the list is a key
+    assert "not valid YAML" in message and "found a key that is not a name: [1, 2]" in message, message
+
+
+def test_a_yaml_merge_key_merges_and_a_key_given_beside_it_overrides(tmp_path):
+    text = yaml.safe_dump(tiny(matrix__learning_rate=None), sort_keys=False).replace(
+        "matrix:\n", "matrix:\n  learning_rate:\n    outcome: &rates {lora: 3.0e-4, full: 3.0e-5}\n"
+        "    process: {<<: *rates, lora: 1.0e-3}\n    distillation: *rates\n    sft: *rates\n", 1)
+    rates = load_profile(write_profile(tmp_path, text)).matrix.learning_rate
+    assert rates["process"] == {"lora": (1e-3,), "full": (3e-5,)}, rates
+
+
 def test_an_empty_profile_file_is_refused_saying_which_keys_it_needs(tmp_path):
     assert "expected a mapping with keys profile, world" in error_of(tmp_path, "")
 

@@ -14,7 +14,7 @@ Local paths are made absolute against the root (the repository checkout by defau
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -256,6 +256,9 @@ def find_profile(spec: str, root: Path = REPO_ROOT) -> Path:
     return path.absolute()  # not resolve(): a profile file linked to another name is still named by its link
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, refusing a key given twice in one mapping: plain YAML keeps the last silently, so a
     section appended to a profile would replace the one above it."""
@@ -263,7 +266,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
+            if key_node.tag == MERGE_TAG:  # `<<: *anchor`: the safe loader merges it, a key given here overriding
+                continue
+            key = self.construct_object(key_node, deep=True)  # a list key is filled only when deep
+            if not isinstance(key, Hashable):
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, f"found a key that is not a name: {key!r}",
+                    key_node.start_mark)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     "while reading a mapping", node.start_mark, f"found the key {key!r} twice", key_node.start_mark)
