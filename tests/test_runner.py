@@ -52,7 +52,7 @@ def root(tmp_path, monkeypatch, tiny_model_dir) -> Path:
     # A world the runner's reachability check accepts, at the smoke paths (the fake notebooks never load it).
     world = tmp_path / "outputs" / "smoke" / "world"
     (world / "problems").mkdir(parents=True)
-    (world / "problems" / "train.jsonl").touch()
+    (world / "problems" / "train.jsonl").write_text("{}\n" * 16)  # rows enough for a step's problems
     for name in ("student", "teacher", "prm"):
         shutil.copytree(tiny_model_dir, world / name)
     data["matrix"].update(regimes=["outcome", "process"], ranks=[1], seeds=[0])
@@ -188,7 +188,7 @@ def test_a_finished_cell_whose_world_changed_since_stops_the_cells_stage_and_is_
 def test_a_held_out_set_given_or_taken_away_since_a_cell_finished_stops_the_cells_stage(root, capsys):
     assert run_matrix(profile_of(root), root, TRAIN, cells_filter="outcome-r1-*").finished == ["outcome-r1-s0"]
     folder, world = cell_dir(root, "outcome-r1-s0"), root / "outputs" / "smoke" / "world"
-    (world / "problems" / "heldout.jsonl").write_text("{}\n")
+    (world / "problems" / "heldout.jsonl").write_text("{}\n" * 8)  # the cells' eval_problems
     read = fingerprints(cell_config(profile_of(root), "outcome", 1, 0, root=root).world_inputs)
     params = read_json(folder / "params.json") | {"world_fingerprints": read}  # what the real notebook records
     (folder / "params.json").write_text(json.dumps(params))
@@ -454,6 +454,16 @@ def test_cli_bad_profile_exits_2_before_any_work(root, capsys):
     assert main(["--profile", "tiny", "--root", str(root)]) == 2
     assert "tiny.yaml: matrix.ranks[0] = 0: expected a positive integer" in capsys.readouterr().err
     assert not (root / "outputs" / "tiny").exists()
+
+
+def test_a_world_with_fewer_held_out_problems_than_the_cells_score_is_refused_before_the_baseline(root, capsys):
+    heldout = root / "outputs" / "smoke" / "world" / "problems" / "heldout.jsonl"
+    heldout.write_text("{}\n" * 3)
+    assert main(["--profile", "tiny", "--root", str(root), "--stages", "baseline,cells"]) == 2
+    error = capsys.readouterr().err
+    assert f"{heldout} holds 3 problems, and the outcome cells ask for 8" in error, error
+    ran = [p.name for p in (root / "outputs" / "tiny").iterdir() if p.name in ("baseline", "cells")]
+    assert not ran, f"{ran} ran on a world too small for them"
 
 
 def test_a_profile_section_a_stage_notebook_does_not_take_is_refused_before_any_work(root, capsys):
@@ -723,7 +733,7 @@ def test_the_baseline_is_measured_once_per_world_and_evaluation_settings(root):
     assert baseline() == 1
     assert baseline(beta=0.0, lora_alpha=8) == 1, "settings the base evaluation does not read must not re-measure it"
     assert baseline(eval_max_new_tokens=9) == 2, "a base evaluation setting changed"
-    (root / "outputs" / "smoke" / "world" / "problems" / "heldout.jsonl").write_text("{}\n")
+    (root / "outputs" / "smoke" / "world" / "problems" / "heldout.jsonl").write_text("{}\n" * 8)  # eval_problems
     assert baseline() == 3, "a rebuilt world (its held-out problems changed) is measured anew"
     assert baseline() == 3
     (runs.parent / "key.json").write_text("{")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from submitit.core.utils import FailedJobError  # sbatch refused the job array
 
+from ..experiment.baseline import base_configs
 from ..experiment.config import SFT
 from ..experiment.profiles import (
     REPO_ROOT,
@@ -34,13 +35,14 @@ from .local import gpu_slots
 from .lock import FolderInUse, exclusive
 from .matrix import (
     StaleCells,
+    base_answers_dir,
     check_finished_cells,
     check_no_unplanned_cells,
     select_cells,
     stop_signals_as_interrupt,
 )
 from .notebooks import NotebookFailed, notebook_parameters
-from .reachability import WorldUnreachable, check_world
+from .reachability import WorldTooSmall, WorldUnreachable, check_problem_counts, check_world
 from .slurm import JobsInFlight, profile_executor
 from .stage_times import RUN_LOG, StageTimes
 
@@ -206,6 +208,7 @@ def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: s
             if reads_world:
                 read = {k: v for k, v in profile.world.items() if k != "control" or SFT in profile.matrix.regimes}
                 check_world({k: resolve_world_entry(v, root) for k, v in read.items()}, profile.data)
+                check_problem_counts(base_configs(profile, base_answers_dir(profile, root), root))
             if "baseline" in stages:
                 with timed("baseline"):
                     stage_baseline(profile, root)
@@ -228,7 +231,7 @@ def _run_stages(profile: Profile, root: Path, stages: list[str], cells_filter: s
     except KeyboardInterrupt:
         outcome = "interrupted"
         raise
-    except (WorldUnreachable, StaleCells, JobsInFlight) as exc:
+    except (WorldUnreachable, WorldTooSmall, StaleCells, JobsInFlight) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (FileNotFoundError, NotebookFailed, subprocess.CalledProcessError, FailedJobError) as exc:

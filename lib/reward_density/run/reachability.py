@@ -11,10 +11,12 @@ import json
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..data.problem_sets import TRAIN_FILE
+from ..experiment.config import SFT, CellConfig
 
 MODELS = ("student", "teacher", "prm")
 DATASETS = ("problems", "heldout", "control")  # the control: always a folder of jsonl files, as the mini world's
@@ -23,6 +25,10 @@ HUB_PROBE_SECONDS = 10
 
 class WorldUnreachable(ValueError):
     """Some model or dataset of the profile cannot be reached; the message lists each with the reason."""
+
+
+class WorldTooSmall(ValueError):
+    """A problem file of the world holds fewer problems than the profile's cells ask of it."""
 
 
 def _model_problem(key: str, source: str) -> str | None:
@@ -132,3 +138,29 @@ def check_world(world: dict[str, str], data: dict[str, Any]) -> None:
     if cached:
         print(f"note: {no_hub}; {', '.join(cached)} read from the local cache: set HF_HUB_OFFLINE=1 so that no load "
               "waits for the hub", file=sys.stderr)
+
+
+def check_problem_counts(configs: Sequence[CellConfig]) -> None:
+    """Raise WorldTooSmall naming each mini-world problem file with fewer rows than a cell asks of it (held-out,
+    dev, or one step's training problems). Rows bound the usable problems from above, so each would fail every
+    cell, and only once the capability baseline has sampled; a MATH-schema dataset is sized when it loads."""
+    short = []
+    for config in configs:
+        if config.prompt_template is not None:
+            continue
+        folder = Path(config.control if config.regime == SFT else config.problems)
+        asked = {config.heldout_file: config.eval_problems, folder / "dev.jsonl": config.dev_problems,
+                 folder / TRAIN_FILE: config.problems_per_step}
+        for path, count in asked.items():
+            rows = _rows(path) if count is not None and path.is_file() else None
+            if rows is not None and rows < count:
+                short.append(f"{path} holds {rows} problems, and the {config.regime} cells ask for {count}")
+    if short:
+        raise WorldTooSmall("the world's problem files hold fewer problems than the profile's cells need:\n  "
+                            + "\n  ".join(short))
+
+
+def _rows(path: Path) -> int:
+    """The non-blank lines of a jsonl file."""
+    with path.open() as handle:
+        return sum(1 for line in handle if line.strip())
