@@ -38,6 +38,7 @@ def test_the_arm_kl_is_the_seed_mean_with_a_t_interval_and_cells_without_kl_are_
     row = frame.loc[("outcome", "r1")]
     half = 12.706 * np.std([0.02, 0.04], ddof=1) / np.sqrt(2)  # t(0.975, 1 df)
     assert row["kl"] == pytest.approx(0.03) and row["high"] - row["kl"] == pytest.approx(half, rel=1e-3)
+    assert row["low"] == 0, f"the interval's lower end {row['low']} is a KL below 0, which no KL is"
 
 
 def test_the_kl_figure_draws_the_tables_interval_at_the_level_asked_and_says_it(cells, tmp_path):

@@ -36,7 +36,8 @@ def final_kl(cells: Cells) -> pd.DataFrame:
 
 
 def kl_table(cells: Cells, confidence: float = 0.95) -> Table:
-    """Per regime and arm: end-of-training KL, mean over seeds and its t interval over seeds."""
+    """Per regime and arm: end-of-training KL, mean over seeds and its t interval over seeds, cut at 0, below which
+    no KL lies (the cut keeps the coverage)."""
     per_cell = final_kl(cells)
     rows = []
     for regime in regimes(cells):
@@ -47,7 +48,7 @@ def kl_table(cells: Cells, confidence: float = 0.95) -> Table:
             mean = float(values.mean())
             half = (stats.t.ppf(0.5 + confidence / 2, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
                     if len(values) > 1 else float("nan"))
-            rows.append({"regime": regime, "arm": arm, "kl": mean, "low": mean - half, "high": mean + half,
+            rows.append({"regime": regime, "arm": arm, "kl": mean, "low": np.maximum(mean - half, 0.0), "high": mean + half,
                          "seeds": len(values)})
     frame = pd.DataFrame(rows, columns=["regime", "arm", "kl", "low", "high", "seeds"])
     lines = [[r.regime, r.arm, f"{r.kl:.4f}", "–" if np.isnan(r.low) else f"[{r.low:.4f}, {r.high:.4f}]", r.seeds]
