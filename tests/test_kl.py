@@ -73,6 +73,17 @@ def test_accuracy_is_paired_without_minus_with_the_penalty_per_arm(tmp_path):
     assert "recorded no world" in path.read_text(), "the comparison says whether both read one world"
 
 
+def test_an_arm_run_both_ways_on_one_seed_is_a_skipped_row_with_its_reason_not_left_out(tmp_path):
+    kept = study(tmp_path / "with", {4: [5, 5], None: [6]})
+    dropped = study(tmp_path / "without", {4: [5, 5], None: [2]})
+    table = with_without_kl(kept, dropped, margin=0.05)
+    frame = table.frame.set_index("arm")
+    assert frame.loc["full", "verdict"] == "skipped", "FullFT, the arm the paper's claim is about, was dropped"
+    assert frame.loc["full", "reason"] == "one seed run both ways: no interval that holds for new training runs"
+    assert frame.loc["r4", "verdict"] == "equivalent" and frame.loc["r4", "reason"] == ""
+    assert "skipped: one seed run both ways" in table.markdown
+
+
 def test_the_ablation_peak_is_taken_over_the_problems_both_studies_scored_at_every_evaluation(tmp_path):
     for seed in (0, 1):  # with KL: the curve's middle evaluation scores only the first 5 of 10 problems
         folder = write_cell(tmp_path / "with", "outcome", 4, seed, 4, peak=8)

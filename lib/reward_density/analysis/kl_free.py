@@ -16,27 +16,44 @@ from .tables import Table, compared_worlds_sentence, comparison, final_answers, 
 
 def with_without_kl(with_kl: Cells, without_kl: Cells, margin: float, confidence: float = 0.95) -> Table:
     """Per regime and arm in both studies: final pass@1 without minus with the penalty, paired over seeds and
-    problems (crossed interval), and the TOST verdict at ±margin."""
+    problems (crossed interval), and the TOST verdict at ±margin; an arm the two cannot be paired on is a skipped row
+    with the reason."""
     kept, dropped = final_answers(with_kl), final_answers(without_kl)
     rows = []
     for regime in [r for r in regimes(without_kl) if r in regimes(with_kl)]:
         for arm in [a for a in arms(without_kl) if a in arms(with_kl)]:
             a, b = (frame[(frame["regime"] == regime) & (frame["arm"] == arm)] for frame in (dropped, kept))
-            if shared_seeds(a, b) < MIN_SEEDS:  # no interval holds for new training runs
+            reason = _unpaired(a, b)
+            if reason:
+                rows.append({"regime": regime, "arm": arm, "verdict": "skipped", "reason": reason})
                 continue
             paired = paired_differences(a, b)  # the means beside the difference are over the rows it pairs
             rows.append({"regime": regime, "arm": arm, "with_kl": mean_over(b, paired),
-                         "without_kl": mean_over(a, paired), **comparison(a, b, margin, confidence)})
+                         "without_kl": mean_over(a, paired), **comparison(a, b, margin, confidence), "reason": ""})
     columns = ["regime", "arm", "with_kl", "without_kl", "estimate", "ci_low", "ci_high", "tost_low", "tost_high",
-               "mdd", "verdict", "n_seeds", "n_problems"]
-    frame = pd.DataFrame(rows, columns=columns)
+               "mdd", "verdict", "n_seeds", "n_problems", "reason"]
+    frame = pd.DataFrame(rows, columns=columns).astype({"n_seeds": "Int64", "n_problems": "Int64"})
     tost_level = 1 - 2 * (1 - confidence)
-    lines = [[r.regime, r.arm, f"{r.with_kl:.3f}", f"{r.without_kl:.3f}", f"{r.estimate:+.3f}",
+    lines = [[r.regime, r.arm, "–", "–", "–", "–", "–", f"skipped: {r.reason}", "–"] if r.verdict == "skipped" else
+             [r.regime, r.arm, f"{r.with_kl:.3f}", f"{r.without_kl:.3f}", f"{r.estimate:+.3f}",
               f"[{r.ci_low:+.3f}, {r.ci_high:+.3f}]", f"[{r.tost_low:+.3f}, {r.tost_high:+.3f}]", r.verdict,
               f"{r.n_seeds} × {r.n_problems}"] for r in frame.itertuples()]
     header = ["regime", "arm", "pass@1 with KL", "without KL", "without − with", f"{confidence:.0%} CI",
               f"{tost_level:.0%} CI (TOST)", f"verdict (±{margin:g})", "seeds × problems"]
     return Table(frame, markdown_table(header, lines) if lines else "No arm ran both with and without KL.\n")
+
+
+def _unpaired(without: pd.DataFrame, with_: pd.DataFrame) -> str:
+    """Why an arm's answers without and with the penalty cannot be paired into an interval, or "" when they can."""
+    seeds = shared_seeds(without, with_)
+    if seeds < MIN_SEEDS:
+        return ("one seed run both ways: no interval that holds for new training runs" if seeds else
+                "no seed run both ways")
+    try:
+        paired_differences(without, with_)
+    except ValueError as error:  # the problems are not all answered in every shared seed
+        return str(error)
+    return ""
 
 
 ABLATION_REGIME, ABLATION_ARMS = "outcome", ("r4", "full")  # the seed paper's Figure 3: a mid rank and FullFT
