@@ -10,6 +10,8 @@ from reward_density.experiment.profiles import REPO_ROOT  # noqa: E402
 from reward_density.tools.stand_ins import build_qwen3, build_tokenizer  # noqa: E402
 from reward_density.world.build import build_world, world_config  # noqa: E402
 
+from golden.regenerate import clear_outputs  # noqa: E402
+
 SMOKE_WORLD = REPO_ROOT / "outputs" / "smoke" / "world"
 
 
@@ -45,6 +47,8 @@ def smoke_project(tmp_path_factory):
 
 
 def pytest_collection_finish(session):
-    """Build the smoke world (outputs/smoke/world) first: the golden notebooks read it (seconds; skipped if current)."""
+    """Build the smoke world (outputs/smoke/world) first: the golden notebooks read it (seconds; skipped if current).
+    Clear what an earlier run of the goldens wrote, whose finished cells the training notebook would not replace."""
     if any(str(item.path).endswith(".ipynb") for item in session.items):
         build_world(world_config("smoke"), SMOKE_WORLD, log=lambda line: None)
+        clear_outputs()

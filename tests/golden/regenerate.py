@@ -4,8 +4,10 @@
 
 nbval (`./run_all.sh test`) re-runs each golden notebook and compares the cells marked
 `# NBVAL_CHECK_OUTPUT`. Paths are relative to the repository root, so the goldens run from any checkout;
-the cells write under outputs/golden/ (git-ignored).
+the cells write under outputs/golden/ (git-ignored), which each run starts without: the training notebook refuses
+to train over a finished cell.
 """
+import shutil
 from pathlib import Path
 
 from reward_density.experiment.profiles import REPO_ROOT
@@ -14,6 +16,7 @@ from reward_density.world.build import build_world, world_config
 
 HERE = Path(__file__).resolve().parent
 WORLD = "outputs/smoke/world"
+OUTPUTS = "outputs/golden"
 # Two arms side by side (the stacked engine), single arms, and the SFT control.
 GOLDEN_CELLS = ("outcome", [1, "full"]), ("process", 2), ("distillation", "full"), ("sft", [1, 2])
 
@@ -22,15 +25,20 @@ def goldens() -> list[tuple[str, str, dict]]:
     """(golden file, notebook source, parameters), in the order nbval runs them (alphabetical)."""
     runs = [("01_build_world.ipynb", "build_world.py", {"size": "smoke", "out_dir": WORLD}),
             ("02_capability_baseline.ipynb", "capability_baseline.py",
-             {**{k: f"{WORLD}/{k}" for k in ("student", "teacher", "problems")}, "out_dir": "outputs/golden/baseline",
+             {**{k: f"{WORLD}/{k}" for k in ("student", "teacher", "problems")}, "out_dir": f"{OUTPUTS}/baseline",
               "ks": [1, 2, 4], "max_new_tokens": 16, "batch_size": 8, "profile": "smoke"})]
     # A training cell is picked by profile and arm; the smoke profile gives the rest (and the world's paths).
     runs += [(f"{3 + i:02d}_train_{regime}_{_label(rank)}.ipynb", "train_cell.py",
-              {"profile": "smoke", "regime": regime, "rank": rank, "seed": 0, "cells_dir": "outputs/golden/cells"})
+              {"profile": "smoke", "regime": regime, "rank": rank, "seed": 0, "cells_dir": f"{OUTPUTS}/cells"})
              for i, (regime, rank) in enumerate(GOLDEN_CELLS)]
     runs.append((f"{3 + len(GOLDEN_CELLS):02d}_analysis.ipynb", "analysis.py",
-                 {"profile": "smoke", "outputs_dir": "outputs/golden"}))
+                 {"profile": "smoke", "outputs_dir": OUTPUTS}))
     return runs
+
+
+def clear_outputs() -> None:
+    """Remove what an earlier run of the goldens wrote."""
+    shutil.rmtree(REPO_ROOT / OUTPUTS, ignore_errors=True)
 
 
 def _label(rank) -> str:
@@ -40,6 +48,7 @@ def _label(rank) -> str:
 
 if __name__ == "__main__":
     build_world(world_config("smoke"), REPO_ROOT / WORLD)
+    clear_outputs()
     for golden, source, parameters in goldens():
         print(f"{source} -> {golden}")
         execute_notebook(REPO_ROOT / "notebooks" / source, HERE / golden, parameters, cwd=REPO_ROOT)
