@@ -5,12 +5,11 @@ import os
 os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
 
 import pytest  # noqa: E402
+from golden.regenerate import clear_outputs  # noqa: E402
 
 from reward_density.experiment.profiles import REPO_ROOT  # noqa: E402
 from reward_density.tools.stand_ins import build_qwen3, build_tokenizer  # noqa: E402
 from reward_density.world.build import build_world, world_config  # noqa: E402
-
-from golden.regenerate import clear_outputs  # noqa: E402
 
 SMOKE_WORLD = REPO_ROOT / "outputs" / "smoke" / "world"
 

@@ -48,8 +48,8 @@ def kl_table(cells: Cells, confidence: float = 0.95) -> Table:
             mean = float(values.mean())
             half = (stats.t.ppf(0.5 + confidence / 2, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
                     if len(values) > 1 else float("nan"))
-            rows.append({"regime": regime, "arm": arm, "kl": mean, "low": np.maximum(mean - half, 0.0), "high": mean + half,
-                         "seeds": len(values)})
+            rows.append({"regime": regime, "arm": arm, "kl": mean, "low": np.maximum(mean - half, 0.0),
+                         "high": mean + half, "seeds": len(values)})
     frame = pd.DataFrame(rows, columns=["regime", "arm", "kl", "low", "high", "seeds"])
     lines = [[r.regime, r.arm, f"{r.kl:.4f}", "–" if np.isnan(r.low) else f"[{r.low:.4f}, {r.high:.4f}]", r.seeds]
              for r in frame.itertuples()]
