@@ -43,9 +43,10 @@ def trace_rewards(rollout: Rollout, rewards: dict[str, RewardModule], checker: C
     """Every reward's deposits and, given the step's settings (rows that form its groups), the weight the loss
     puts on each token's log-prob, as a step with this seed computes it; the outcome checker's verdicts."""
     deposits = {regime: reward(rollout) for regime, reward in rewards.items()}
-    step = None if step is None else replace(step, group_size=rollout.group_size)
-    advantages = None if step is None else {regime: token_weights(rollout, d, step, seed)
-                                            for regime, d in deposits.items()}
+    advantages = None
+    if step is not None:
+        step = replace(step, group_size=rollout.group_size)
+        advantages = {regime: token_weights(rollout, d, step, seed) for regime, d in deposits.items()}
     return RewardTrace(rollout, deposits, advantages, checker.check(rollout.answers, rollout.completions))
 
 
