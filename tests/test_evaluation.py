@@ -197,3 +197,25 @@ def test_under_bf16_fullft_reads_a_base_evaluation_of_its_own_fp32_master_copy_n
            for precision in ("fp32", "bf16") for rank in (1, 2, None)}
     assert key["fp32", 1] == key["fp32", 2] == key["fp32", None], "in fp32 every arm starts from the same answers"
     assert key["bf16", 1] == key["bf16", 2] != key["bf16", None]
+
+
+def test_the_base_evaluations_key_changes_with_each_input_that_decides_its_answers(tmp_path):
+    profile = load_profile(find_profile("smoke"))
+    student, problems = tmp_path / "student", tmp_path / "problems"
+    for folder in (student, problems):
+        folder.mkdir()
+    (student / "model.safetensors").write_text("weights")
+    (problems / "heldout.jsonl").write_text("{}\n")
+
+    def key(**settings) -> str:
+        config = cell_config(profile, "outcome", 1, 0, student=str(student), problems=str(problems), **settings)
+        return baseline.base_eval_key(config)
+
+    keys = {"base": key(), "eval_problems": key(eval_problems=4), "eval_max_new_tokens": key(eval_max_new_tokens=9),
+            "answer_format": key(answer_format="last_integer")}
+    (student / "model.safetensors").write_text("other weights")
+    keys["student"] = key()
+    (problems / "heldout.jsonl").write_text("{}\n{}\n")
+    keys["held-out problems"] = key()
+    kept = sorted(name for name, value in keys.items() if list(keys.values()).count(value) > 1)
+    assert not kept, f"a change that decides the base's answers kept its key: {kept}"
