@@ -107,6 +107,18 @@ def test_a_group_with_identical_rewards_gets_zero_advantage():
     assert torch.all(adv == 0), "no within-group variance must mean no learning signal"
 
 
+@pytest.mark.parametrize("deposits_left", [0, 1], ids=["no-deposit", "one-deposit"])
+def test_a_group_with_fewer_than_two_deposits_gets_zero_advantage_not_nan(deposits_left):
+    rewards, deposits, valid = process_like(0)
+    deposits[:4] = False  # group 0: rows without steps, as a process reward leaves them
+    if deposits_left:
+        deposits[0, 0] = True
+    rewards = rewards * deposits + deposits.double()
+    adv = compute_advantages(rewards, deposits, valid, group_size=4, eps=EPS)
+    assert torch.isfinite(adv).all(), "a NaN advantage turns the whole loss into NaN"
+    assert torch.all(adv[:4] == 0), "a group with no spread of rewards must give no learning signal"
+
+
 def test_deposit_on_padding_is_refused():
     rewards, deposits, valid = outcome_like(1)
     deposits[0, -1], valid[0, -1] = True, False

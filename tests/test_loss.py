@@ -164,3 +164,9 @@ def test_the_paper_kl_term_pushes_at_the_reference_where_k3_is_flat():
         kl_penalty(logps, ref, estimator).sum().backward()
         torch.testing.assert_close(logps.grad, torch.tensor(expected, dtype=torch.float64), atol=1e-8, rtol=0,
                                    msg=f"{estimator}: gradient at the reference")
+
+
+def test_the_loss_defaults_are_the_papers_table_1():
+    config = LossConfig()
+    settings = (config.epsilon, config.beta, config.kl_estimator, config.normalisation)
+    assert settings == (0.2, 0.05, "paper", "token_mean"), f"the loss's defaults drifted from Table 1: {settings}"

@@ -155,6 +155,10 @@ def test_a_cell_chooses_its_method_by_params():
     assert step.token_selection == TokenSelection(2, 8, 0.5)
     assert (step.advantage_estimator, step.l2) == ("prefix_trie", 0.01)
     assert step_config(cell_config(profile, "outcome", 1, 0)).token_selection is None, "GRPO keeps every token"
+    loss = step_config(cell_config(profile, "outcome", 1, 0, kl_estimator="k3", loss_normalisation="sequence_mean",
+                                   beta=0.1)).loss
+    assert (loss.kl_estimator, loss.normalisation, loss.beta) == ("k3", "sequence_mean", 0.1), \
+        f"the cell's loss settings did not reach the loss: {loss}"
     with pytest.raises(ValueError, match="token_alpha, token_k and token_p together; \\['token_k', 'token_p'\\] unset"):
         cell_config(profile, "outcome", 1, 0, token_alpha=2)
     with pytest.raises(ValueError, match="advantage_estimator = 'trie'"):
